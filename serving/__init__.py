@@ -1,0 +1,1 @@
+"""lumotree.serving"""
