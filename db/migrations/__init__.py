@@ -1,0 +1,1 @@
+"""Alembic environment of the lumotree schema (run programmatically by ``lumotree.db.migrate``)."""
