@@ -17,17 +17,17 @@ class SamplingConfig(BaseModel):
 
     model_config = ConfigDict(use_attribute_docstrings=True, frozen=True, extra="forbid")
 
-    temperature: float = Field(0.6, ge=0.0)
+    temperature: float = Field(default=0.6, ge=0.0)
     """Softmax temperature; 0 means greedy."""
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     """Nucleus mass kept."""
-    top_k: int = Field(20, ge=-1)
+    top_k: int = Field(default=20, ge=-1)
     """Tokens kept by rank (-1 or 0: all)."""
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     """Tokens below min_p x the top probability are dropped."""
     presence_penalty: float = 1.0
     """Subtracted once from the logit of every token already generated."""
-    max_tokens: int = Field(1024, gt=0)
+    max_tokens: int = Field(default=1024, gt=0)
     """Completion tokens per call."""
     seed: int | None = None
     """Per-request seed, for reproducible sampling where the arm supports it."""
@@ -55,15 +55,15 @@ class AgentConfig(BaseModel):
     """A command whose output starts with this line ends the episode (patch: git diff)."""
     cwd: str = "/testbed"
     """Working directory named in the prompt (the environment decides where commands really run)."""
-    step_limit: int = Field(30, ge=1)
+    step_limit: int = Field(default=30, ge=1)
     """Model calls per attempt."""
-    token_limit: int = Field(200_000, ge=1)
+    token_limit: int = Field(default=200_000, ge=1)
     """Prompt + completion tokens per attempt, summed over calls."""
-    wall_limit_s: float = Field(1800.0, gt=0)
+    wall_limit_s: float = Field(default=1800.0, gt=0)
     """Wall seconds per attempt (checked between steps)."""
-    command_timeout_s: float = Field(60.0, gt=0)
+    command_timeout_s: float = Field(default=60.0, gt=0)
     """Seconds each command may run before it is killed."""
-    observation_limit: int = Field(10_000, ge=100)
+    observation_limit: int = Field(default=10_000, ge=100)
     """Characters of command output shown in full; longer output keeps its head and tail halves."""
     sampling: SamplingConfig = Field(default_factory=lambda: SamplingConfig())
     """Sampling parameters of every call."""
