@@ -105,7 +105,8 @@ class Attempt(Base):
     __tablename__ = "attempts"
     __table_args__ = (
         UniqueConstraint("sweep_id", "arm_id", "task_id", "attempt_index", name="uq_attempts_cell"),
-        Index("ix_attempts_sweep_status", "sweep_id", "status"),
+        # Serves claim_attempt: runnable attempts of a sweep in (attempt index, id) order without a sort.
+        Index("ix_attempts_claim", "sweep_id", "status", "attempt_index"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

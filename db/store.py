@@ -105,6 +105,16 @@ class RequestRecord:
         assert self.accepted_tokens <= self.draft_tokens or self.draft_tokens == 0, "accepted > draft tokens"
 
 
+def _update(model: type[m.Base]) -> Any:
+    # The ORM's default session synchronization walks the identity map per statement; our sessions are short
+    # and never reuse updated objects, so skip it (it was most of the claim's cost).
+    return update(model).execution_options(synchronize_session=False)
+
+
+def _delete(model: type[m.Base]) -> Any:
+    return delete(model).execution_options(synchronize_session=False)
+
+
 def acceptance(drafts: int, draft_tokens: int, accepted: int) -> tuple[float | None, float | None]:
     """(rate, length) as vLLM computes them: accepted / draft tokens and 1 + accepted / drafts."""
     rate = accepted / draft_tokens if draft_tokens else None
@@ -165,7 +175,7 @@ class Store:
         assert status in m.SWEEP_STATUSES
         finished = utcnow() if status in ("done", "error", "cancelled") else None
         with self.writing() as s:
-            s.execute(update(m.Sweep).where(m.Sweep.id == sweep_id).values(status=status, finished=finished))
+            s.execute(_update(m.Sweep).where(m.Sweep.id == sweep_id).values(status=status, finished=finished))
 
     def upsert_arm(
         self,
@@ -238,6 +248,34 @@ class Store:
             and_(m.Attempt.status == ERROR, m.Attempt.tries < max_tries),
         )
 
+    def _candidate(
+        self,
+        s: Session,
+        sweep_id: int,
+        now: dt.datetime,
+        max_tries: int,
+        arm_ids: Sequence[int] | None,
+        attempt_id: int | None,
+    ) -> int | None:
+        """The next attempt to claim: pending ones first (fresh work), then expired leases, then retryable
+        errors; within a class by (attempt index, id) so every cell gets its first attempt early. One indexed
+        lookup per class: a sort over a 10,000-attempt sweep per claim would make planning quadratic."""
+        classes = [
+            m.Attempt.status == PENDING,
+            and_(m.Attempt.status == RUNNING, m.Attempt.lease_until < now),
+            and_(m.Attempt.status == ERROR, m.Attempt.tries < max_tries),
+        ]
+        for condition in classes:
+            query = select(m.Attempt.id).where(m.Attempt.sweep_id == sweep_id, condition)
+            if arm_ids is not None:
+                query = query.where(m.Attempt.arm_id.in_(list(arm_ids)))
+            if attempt_id is not None:
+                query = query.where(m.Attempt.id == attempt_id)
+            found = s.scalar(query.order_by(m.Attempt.attempt_index, m.Attempt.id).limit(1))
+            if found is not None:
+                return found
+        return None
+
     def claim_attempt(
         self,
         sweep_id: int,
@@ -254,22 +292,11 @@ class Store:
         for _ in range(20):
             now = utcnow()
             with self.writing() as s:
-                query = select(m.Attempt.id).where(
-                    m.Attempt.sweep_id == sweep_id, self._claimable(now, max_tries)
-                )
-                if arm_ids is not None:
-                    query = query.where(m.Attempt.arm_id.in_(list(arm_ids)))
-                if attempt_id is not None:
-                    query = query.where(m.Attempt.id == attempt_id)
-                # Pending first (fresh work), then by cell order so attempts of one task stay together.
-                query = query.order_by(
-                    (m.Attempt.status != PENDING), m.Attempt.attempt_index, m.Attempt.id
-                ).limit(1)
-                candidate = s.scalar(query)
+                candidate = self._candidate(s, sweep_id, now, max_tries, arm_ids, attempt_id)
                 if candidate is None:
                     return None
                 claimed = s.execute(
-                    update(m.Attempt)
+                    _update(m.Attempt)
                     .where(m.Attempt.id == candidate, self._claimable(now, max_tries))
                     .values(
                         status=RUNNING,
@@ -284,26 +311,26 @@ class Store:
                 if claimed.rowcount != 1:
                     continue  # another owner took it between select and update: pick again
                 # A re-claimed attempt restarts from scratch: drop what the dead try wrote.
-                s.execute(delete(m.Request).where(m.Request.attempt_id == candidate))
-                s.execute(delete(m.AgentEvent).where(m.AgentEvent.attempt_id == candidate))
+                s.execute(_delete(m.Request).where(m.Request.attempt_id == candidate))
+                s.execute(_delete(m.AgentEvent).where(m.AgentEvent.attempt_id == candidate))
                 row = s.execute(
                     select(m.Attempt, m.Arm.name, m.Task.suite, m.Task.instance_id)
                     .join(m.Arm, m.Arm.id == m.Attempt.arm_id)
                     .join(m.Task, m.Task.id == m.Attempt.task_id)
                     .where(m.Attempt.id == candidate)
                 ).one()
-                a = row[0]
+                a, arm_name, suite, instance_id = row
                 return AttemptClaim(
-                    a.id,
-                    a.sweep_id,
-                    a.arm_id,
-                    row[1],
-                    a.task_id,
-                    row[2],
-                    row[3],
-                    a.attempt_index,
-                    a.tries,
-                    owner,
+                    attempt_id=a.id,
+                    sweep_id=a.sweep_id,
+                    arm_id=a.arm_id,
+                    arm_name=arm_name,
+                    task_id=a.task_id,
+                    suite=suite,
+                    instance_id=instance_id,
+                    attempt_index=a.attempt_index,
+                    tries=a.tries,
+                    owner=owner,
                 )
         raise RuntimeError("could not claim an attempt after 20 races")
 
@@ -331,7 +358,8 @@ class Store:
         """Extend the lease of a running attempt; False if this owner no longer holds it."""
         with self.writing() as s:
             until = utcnow() + dt.timedelta(seconds=lease_seconds)
-            res = s.execute(update(m.Attempt).where(self._owned(attempt_id, owner)).values(lease_until=until))
+            query = _update(m.Attempt).where(self._owned(attempt_id, owner)).values(lease_until=until)
+            res = s.execute(query)
             return res.rowcount == 1
 
     def finish_attempt(self, attempt_id: int, owner: str, result: AttemptResult) -> bool:
@@ -342,7 +370,7 @@ class Store:
         values.update(acceptance_rate=rate, acceptance_length=length)
         with self.writing() as s:
             res = s.execute(
-                update(m.Attempt)
+                _update(m.Attempt)
                 .where(self._owned(attempt_id, owner))
                 .values(status=DONE, finished=utcnow(), lease_until=None, **values)
             )
@@ -359,7 +387,7 @@ class Store:
         """Mark the attempt error (an infrastructure failure: it may be claimed again while tries remain)."""
         with self.writing() as s:
             res = s.execute(
-                update(m.Attempt)
+                _update(m.Attempt)
                 .where(self._owned(attempt_id, owner))
                 .values(status=ERROR, error=error, finished=utcnow(), lease_until=None)
             )
@@ -369,11 +397,51 @@ class Store:
         """Give a running attempt back unstarted (e.g. on Ctrl-C): pending again, try not counted."""
         with self.writing() as s:
             res = s.execute(
-                update(m.Attempt)
+                _update(m.Attempt)
                 .where(self._owned(attempt_id, owner))
                 .values(status=PENDING, owner=None, lease_until=None, started=None, tries=m.Attempt.tries - 1)
             )
             return res.rowcount == 1
+
+    def import_attempts(
+        self, sweep_id: int, rows: Sequence[tuple[int, int, int, AttemptResult]], owner: str = "import"
+    ) -> int:
+        """Write finished attempts (arm id, task id, attempt index, result) in one transaction: for importing
+        results run elsewhere and for filling large synthetic sweeps. Cells that already exist are left alone;
+        returns how many were written."""
+        now = utcnow()
+        with self.writing() as s:
+            existing = set(
+                s.execute(
+                    select(m.Attempt.arm_id, m.Attempt.task_id, m.Attempt.attempt_index).where(
+                        m.Attempt.sweep_id == sweep_id
+                    )
+                ).tuples()
+            )
+            values = []
+            for arm_id, task_id, index, result in rows:
+                if (arm_id, task_id, index) in existing:
+                    continue
+                rate, length = acceptance(result.drafts, result.draft_tokens, result.accepted_tokens)
+                values.append(
+                    {
+                        **dataclasses.asdict(result),
+                        "sweep_id": sweep_id,
+                        "arm_id": arm_id,
+                        "task_id": task_id,
+                        "attempt_index": index,
+                        "status": DONE,
+                        "tries": 1,
+                        "owner": owner,
+                        "started": now,
+                        "finished": now,
+                        "acceptance_rate": rate,
+                        "acceptance_length": length,
+                    }
+                )
+            if values:
+                s.execute(m.Attempt.__table__.insert(), values)
+            return len(values)
 
     # ---- per-request records and the agent trace -----------------------------------------------------------
 

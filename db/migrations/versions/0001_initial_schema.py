@@ -101,7 +101,7 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("attempts", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_attempts_arm_id"), ["arm_id"], unique=False)
-        batch_op.create_index("ix_attempts_sweep_status", ["sweep_id", "status"], unique=False)
+        batch_op.create_index("ix_attempts_claim", ["sweep_id", "status", "attempt_index"], unique=False)
         batch_op.create_index(batch_op.f("ix_attempts_task_id"), ["task_id"], unique=False)
 
     op.create_table(
@@ -167,7 +167,7 @@ def downgrade() -> None:
     op.drop_table("replay_results")
     with op.batch_alter_table("attempts", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_attempts_task_id"))
-        batch_op.drop_index("ix_attempts_sweep_status")
+        batch_op.drop_index("ix_attempts_claim")
         batch_op.drop_index(batch_op.f("ix_attempts_arm_id"))
 
     op.drop_table("attempts")
