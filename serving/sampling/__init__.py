@@ -1,0 +1,1 @@
+"""Sampling: parameters, native transforms, the counter-based random stream, the target-only walk."""
