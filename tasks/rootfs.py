@@ -355,5 +355,7 @@ def venv_script(
     args = " ".join(extra_pip_args)
     return (
         f"{python} -m venv {VENV}\n"
-        f"{VENV}/bin/pip install --isolated --no-cache-dir --progress-bar off {args} {pkgs}\n"
+        # --isolated ignores PIP_* variables too, so the CA bundle is passed explicitly.
+        f'{VENV}/bin/pip install --isolated ${{PIP_CERT:+--cert "$PIP_CERT"}} --no-cache-dir '
+        f"--progress-bar off {args} {pkgs}\n"
     )
