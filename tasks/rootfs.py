@@ -37,6 +37,9 @@ OWNER_PID_LABEL = "lumotree.owner_pid"  # pid of the process that created the co
 OWNER_HOST_LABEL = "lumotree.owner_host"  # host of that process: pids mean nothing elsewhere
 CREATED_LABEL = "lumotree.created"  # unix time the container was created
 DEBIAN_CODENAMES = ("buster", "bullseye", "bookworm", "trixie", "forky", "sid")
+SANDBOX_UID = 1000  # the non-root user sandbox commands run as; task images give /testbed to it
+SANDBOX_USER = "sandbox"
+BASE_RECIPE = 2  # bump when build_base changes what it puts in the image (part of the tag)
 # Python of each Debian release, for callers that choose a release by Python version.
 PYTHON_OF_RELEASE = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}
 # The base image's packages: enough to create venvs, install wheels, and work with git diffs.
@@ -183,9 +186,8 @@ class BaseSpec:
 
     def tag(self) -> str:
         # The mirror is not hashed: one release from another mirror is the same image.
-        return (
-            f"lumotree/base:{self.release}-{content_hash(self.release, sorted(self.packages), self.variant)}"
-        )
+        digest = content_hash(self.release, sorted(self.packages), self.variant, BASE_RECIPE)
+        return f"lumotree/base:{self.release}-{digest}"
 
 
 def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = None) -> str:
@@ -212,6 +214,7 @@ def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = N
                 mirror,
             ]
             _run(cmd, log)
+            _add_sandbox_user(rootfs)
             # Shrink: apt lists and caches are useless offline.
             for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
                 for p in (rootfs / junk).glob("*"):
@@ -228,6 +231,14 @@ def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = N
                 raise RuntimeError("tar of the rootfs failed")
         _say(log, f"built {tag} in {time.monotonic() - t0:.0f} s")
     return tag
+
+
+def _add_sandbox_user(rootfs: Path) -> None:
+    # Tools look the uid up (getpass, ssh, pip); a passwd entry with HOME on the tmpfs keeps them working.
+    with open(rootfs / "etc/passwd", "a") as fh:
+        fh.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:{SANDBOX_UID}::/tmp:/bin/bash\n")
+    with open(rootfs / "etc/group", "a") as fh:
+        fh.write(f"{SANDBOX_USER}:x:{SANDBOX_UID}:\n")
 
 
 def _scratch() -> str:

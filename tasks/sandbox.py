@@ -30,11 +30,11 @@ from lumotree.tasks.rootfs import (
     KIND_LABEL,
     OWNER_HOST_LABEL,
     OWNER_PID_LABEL,
+    SANDBOX_UID,
     docker_client,
     owner_labels,
 )
 
-SANDBOX_UID = 1000  # task images give /testbed to this uid
 TIMEOUT_EXIT = 124  # exit code reported for a command killed at its timeout (coreutils' convention)
 # The container's main process: docker's init (PID 1, reaps orphans so killed fork bombs leave no zombies)
 # runs this keeper as root; commands run as the sandbox user, who can therefore kill every process of its
