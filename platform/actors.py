@@ -1,0 +1,174 @@
+"""Ray actors hosting the arms: one actor per arm and model, restarted by Ray when it dies.
+
+An actor answers ``chat(messages, sampling)`` for the agent and ``generate(prompt_token_ids, sampling)`` for
+the replay benchmark; decode statistics are differences of the engine's counters around each call. The same
+``ArmHost`` runs without Ray (``lumotree replay --no-ray`` on a GPU host).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from lumotree.agents.config import SamplingConfig
+from lumotree.agents.protocols import DecodeStats, ModelReply
+from lumotree.agents.scripted import ScriptedModel
+from lumotree.platform.sweep_config import ArmSpec
+
+# Engine counter names accepted for each DecodeStats field (first present wins).
+_COUNTER_NAMES: dict[str, tuple[str, ...]] = {
+    "tokens": ("generation_tokens", "completion_tokens", "num_tokens"),
+    "steps": ("steps", "decode_steps"),
+    "decode_seconds": ("decode_seconds",),
+    "drafts": ("drafts", "num_drafts"),
+    "draft_tokens": ("draft_tokens", "num_draft_tokens"),
+    "accepted_tokens": ("accepted_tokens", "num_accepted_tokens"),
+    "accepted_per_position": ("accepted_per_position", "per_position_accepted", "accepted_tokens_per_pos"),
+    "spans": ("spans", "phase_seconds"),
+}
+
+
+def _pick(counters: dict[str, Any], field: str) -> Any:
+    for name in _COUNTER_NAMES[field]:
+        if name in counters:
+            return counters[name]
+    return None
+
+
+def stats_from_counters(before: dict[str, Any], after: dict[str, Any]) -> DecodeStats:
+    """DecodeStats of what happened between two ``LLM.counters()`` snapshots."""
+    values: dict[str, Any] = {}
+    for field in _COUNTER_NAMES:
+        a, b = _pick(after, field), _pick(before, field)
+        if a is None:
+            continue
+        if isinstance(a, dict):
+            b = b or {}
+            values[field] = {
+                k: float(v) - float(b.get(k, 0.0)) for k, v in a.items() if float(v) != float(b.get(k, 0))
+            }
+        elif isinstance(a, list | tuple):
+            b = list(b or [])
+            values[field] = [int(x) - int(b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+        else:
+            values[field] = type(a)(a - (b or 0))
+    return DecodeStats.from_dict(values)
+
+
+def _is_context_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return any(
+        s in text for s in ("context length", "context window", "too long", "max_model_len", "exceeds")
+    )
+
+
+class ArmHost:
+    """Serves one arm in this process: the embedded engine, or a scripted model (tests)."""
+
+    def __init__(self, spec: ArmSpec | dict[str, Any]) -> None:
+        self.spec = spec if isinstance(spec, ArmSpec) else ArmSpec.model_validate(spec)
+        assert self.spec.hosted, f"arm {self.spec.name} is an external server, not hosted"
+        self.llm: Any = None
+        self.scripted: ScriptedModel | None = None
+        if self.spec.kind == "scripted":
+            assert self.spec.script is not None
+            self.scripted = ScriptedModel(self.spec.script, delay_s=self.spec.delay_s)
+        else:
+            self.llm = self._load_engine()
+
+    def _load_engine(self) -> Any:
+        from lumotree.serving.llm import LLM, LLMConfig
+
+        options = dict(self.spec.options)
+        return LLM(LLMConfig(model=self.spec.model, arm=self.spec.engine_arm, **options))
+
+    @staticmethod
+    def _params(sampling: dict[str, Any]) -> Any:
+        from lumotree.serving.sampler import SamplingParams
+
+        return SamplingParams(**sampling)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def info(self) -> dict[str, Any]:
+        """The arm's resolved configuration (stored with the sweep's arm)."""
+        info: dict[str, Any] = {"spec": self.spec.model_dump(), "pid": os.getpid()}
+        if self.llm is not None and hasattr(self.llm, "describe"):
+            info["engine"] = self.llm.describe()
+        return info
+
+    def chat(self, messages: list[dict[str, str]], sampling: dict[str, Any]) -> dict[str, Any]:
+        if self.scripted is not None:
+            return self.scripted.chat(messages, SamplingConfig(**sampling)).to_dict()
+        start = time.monotonic()
+        before = self.llm.counters()
+        try:
+            result = self.llm.chat(messages, self._params(sampling))
+        except (ValueError, RuntimeError) as exc:
+            if _is_context_error(exc):
+                return {"error": "context_length", "message": str(exc)}
+            raise
+        stats = stats_from_counters(before, self.llm.counters())
+        prompt_ids = list(getattr(result, "prompt_token_ids", None) or [])
+        completion = int(getattr(result, "num_tokens", 0) or len(getattr(result, "token_ids", []) or []))
+        return ModelReply(
+            text=result.text,
+            prompt_tokens=int(getattr(result, "prompt_tokens", 0) or len(prompt_ids)),
+            completion_tokens=completion,
+            stats=stats,
+            seconds=time.monotonic() - start,
+            finish_reason=str(getattr(result, "finish_reason", "stop") or "stop"),
+            prompt_token_ids=prompt_ids or None,
+            sampling=dict(sampling),
+        ).to_dict()
+
+    def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        """One replayed request: generated token count and the decode statistics of exactly this call."""
+        assert self.llm is not None, "replay needs an engine arm"
+        before = self.llm.counters()
+        start = time.monotonic()
+        results = self.llm.generate([list(prompt_token_ids)], self._params(sampling))
+        seconds = time.monotonic() - start
+        stats = stats_from_counters(before, self.llm.counters())
+        result = results[0]
+        tokens = int(getattr(result, "num_tokens", 0) or len(result.token_ids))
+        if stats.tokens == 0:
+            stats.tokens = tokens
+        if stats.decode_seconds == 0.0:
+            stats.decode_seconds = float(getattr(result, "decode_seconds", 0.0) or 0.0)
+        return {"tokens": tokens, "seconds": seconds, "stats": stats.to_dict()}
+
+
+def gpu_share(num_arms: int) -> float:
+    """GPUs per arm actor: one each when there are enough, else an equal fraction; 0 without GPUs."""
+    import ray
+
+    gpus = float(ray.cluster_resources().get("GPU", 0.0))
+    if gpus <= 0 or num_arms <= 0:
+        return 0.0
+    return 1.0 if gpus >= num_arms else gpus / num_arms
+
+
+def start_arm_actors(
+    specs: list[ArmSpec], *, max_restarts: int = 3, ready_timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """One named Ray actor per hosted arm, restarted up to ``max_restarts`` times when it dies.
+
+    In-flight calls of a dying actor fail (no task retries): the orchestrator retries the whole attempt,
+    since a half-finished agent step cannot be replayed safely. Waits until every actor has loaded its model.
+    """
+    import ray
+
+    hosted = [s for s in specs if s.hosted]
+    share = gpu_share(sum(1 for s in hosted if s.kind == "engine"))
+    remote_cls = ray.remote(ArmHost)
+    handles: dict[str, Any] = {}
+    for spec in hosted:
+        gpus = share if spec.kind == "engine" else 0.0
+        handles[spec.name] = remote_cls.options(  # type: ignore[attr-defined]
+            num_cpus=0, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0, max_concurrency=1
+        ).remote(spec.model_dump())
+    ray.get([h.pid.remote() for h in handles.values()], timeout=ready_timeout_s)
+    return handles
