@@ -27,8 +27,7 @@ def default_url() -> str:
 
 def normalize_url(url: str | None) -> str:
     """Accept plain paths and ``postgresql://`` URLs; PostgreSQL always goes through psycopg 3."""
-    if not url:
-        return default_url()
+    url = url or default_url()
     if "://" not in url:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
     parsed = make_url(url)

@@ -156,7 +156,7 @@ def attempt_matrix(s: Session, sweep_id: int) -> dict[str, Any]:
             select(a.id, a.task_id, a.arm_id, a.attempt_index, a.status, a.resolved, a.decode_tok_s)
             .where(a.sweep_id == sweep_id)
             .order_by(a.task_id, a.arm_id, a.attempt_index)
-        ).tuples()
+        )
     ]
     task_ids = select(a.task_id).where(a.sweep_id == sweep_id).distinct().scalar_subquery()
     tasks = [
@@ -165,7 +165,7 @@ def attempt_matrix(s: Session, sweep_id: int) -> dict[str, Any]:
             select(m.Task.id, m.Task.suite, m.Task.instance_id)
             .where(m.Task.id.in_(task_ids))
             .order_by(m.Task.instance_id)
-        ).tuples()
+        )
     ]
     return {"tasks": tasks, "cells": cells}
 
@@ -179,7 +179,7 @@ def attempts(s: Session, sweep_id: int, *, with_patch: bool = False) -> list[dic
         .join(m.Task, m.Task.id == m.Attempt.task_id)
         .where(m.Attempt.sweep_id == sweep_id)
         .order_by(m.Arm.id, m.Task.instance_id, m.Attempt.attempt_index)
-    ).tuples()
+    )
     return [
         {**_row(att, fields), "arm": arm, "model": model, "suite": suite, "instance_id": iid}
         for att, arm, model, suite, iid in rows
@@ -225,7 +225,7 @@ def iter_sweep_events(s: Session, sweep_id: int) -> Iterator[dict[str, Any]]:
         .order_by(m.AgentEvent.attempt_id, m.AgentEvent.seq)
         .execution_options(yield_per=1000)
     )
-    for ev, index, arm, iid in s.execute(query).tuples():
+    for ev, index, arm, iid in s.execute(query):
         yield {
             "sweep_id": sweep_id,
             "attempt_id": ev.attempt_id,

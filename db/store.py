@@ -226,7 +226,7 @@ class Store:
                     select(m.Attempt.arm_id, m.Attempt.task_id, m.Attempt.attempt_index).where(
                         m.Attempt.sweep_id == sweep_id
                     )
-                ).tuples()
+                )
             )
             rows = [
                 {"sweep_id": sweep_id, "arm_id": a, "task_id": t, "attempt_index": i, "status": PENDING}
@@ -416,7 +416,7 @@ class Store:
                     select(m.Attempt.arm_id, m.Attempt.task_id, m.Attempt.attempt_index).where(
                         m.Attempt.sweep_id == sweep_id
                     )
-                ).tuples()
+                )
             )
             values = []
             for arm_id, task_id, index, result in rows:
@@ -525,7 +525,7 @@ class Store:
                 select(m.Attempt.status, func.count())
                 .where(m.Attempt.sweep_id == sweep_id)
                 .group_by(m.Attempt.status)
-            ).tuples():
+            ):
                 counts[status] = n
             resolved = s.scalar(
                 select(func.count()).where(m.Attempt.sweep_id == sweep_id, m.Attempt.resolved.is_(True))
