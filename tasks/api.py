@@ -253,8 +253,9 @@ class ExecResult:
 class Sandbox(Protocol):
     """One container per attempt: no network, non-root, limited, commands run one by one in ``/testbed``."""
 
-    def exec(self, cmd: str, timeout: float | None = None) -> ExecResult:
-        """Run ``cmd`` with bash in ``/testbed``; ``timeout`` seconds (default from the config)."""
+    def exec(self, cmd: str, timeout: float | None = None, *, max_output: int | None = None) -> ExecResult:
+        """Run ``cmd`` with bash in ``/testbed``; ``timeout`` seconds and ``max_output`` bytes kept
+        (defaults from the sandbox config)."""
         ...
 
     def write_file(self, path: str, content: str | bytes) -> None:
