@@ -1,0 +1,82 @@
+"""Path plans: the paper's hydra27 levels, chains, and structural soundness on random trees."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from lumotree.kernels.tree_plan import plan_paths
+
+HYDRA_DRAFT_PARENT = [-1, -1, -1, 0, 0, 0, 1, 2, 3, 3, 3, 6, 7, 8, 8, 8, 11, 12, 13, 13, 13, 16, 17, 18, 22,
+                      23, 24, 25, 27, 28, 29]  # fmt: skip
+HYDRA = [-1] + [p + 1 for p in HYDRA_DRAFT_PARENT]
+
+
+def test_hydra27_levels_match_the_paper(shared_data) -> None:
+    import json
+
+    spec = json.loads((shared_data / "trees" / "hydra27_fixed32.json").read_text())
+    parents = [-1] + [p + 1 for p in spec["draft_parent"]]
+    plan = plan_paths(parents)
+    assert plan.path_counts == tuple(spec["gdn_levels"]["path_counts"]) == (1, 11)
+    assert plan.max_lengths == tuple(spec["gdn_levels"]["max_lengths"]) == (5, 7)
+    # level 1 = root + spine to depth 4; its 5 states are the cut states
+    assert plan.paths[0][0][1] == (0, 1, 4, 9, 14)
+    assert plan.num_cut == 5
+    assert plan.cut_buffer_bytes(48, 128, 128) == 15 * 2**20
+
+
+def test_chain_is_one_path() -> None:
+    plan = plan_paths([-1] + list(range(9)))
+    assert plan.path_counts == (1,) and plan.max_lengths == (10,) and plan.num_cut == 0
+
+
+def test_flat_mode_is_root_to_leaf() -> None:
+    plan = plan_paths(HYDRA, mode="flat")
+    assert plan.path_counts == (11,) and plan.max_lengths == (12,) and plan.num_cut == 0
+
+
+def _check(parents: list[int], cu: list[int], mode: str) -> None:
+    plan = plan_paths(parents, cu, mode=mode)
+    gpar = []
+    for s in range(len(cu) - 1):
+        gpar += [p + cu[s] if p >= 0 else -1 for p in parents[cu[s] : cu[s + 1]]]
+    written = [0] * len(parents)
+    ready = {}  # cut slot -> level that produced it
+    for li, lv in enumerate(plan.levels):
+        nodes, lens, start = lv.nodes.tolist(), lv.lens.tolist(), lv.start.tolist()
+        write, cut = lv.write.tolist(), lv.cut.tolist()
+        for p in range(lv.num_paths):
+            path = nodes[p][: lens[p]]
+            assert all(x == -1 for x in nodes[p][lens[p] :])
+            for a, b in zip(path, path[1:], strict=False):
+                assert gpar[b] == a, "consecutive path nodes must be parent and child"
+            if start[p] >= 0:
+                assert ready.get(start[p], li) < li, "a path must start from a cut state of an earlier level"
+            else:
+                assert gpar[path[0]] == -1 and cu[-start[p] - 1] <= path[0] < cu[-start[p]]
+            for t, n in enumerate(path):
+                written[n] += write[p][t]
+                if cut[p][t] >= 0:
+                    ready[cut[p][t]] = li
+    assert written == [1] * len(parents), "every row written exactly once"
+
+
+@pytest.mark.parametrize("mode", ["levels", "flat"])
+@pytest.mark.parametrize("seed", range(20))
+def test_random_forests_are_sound(seed: int, mode: str) -> None:
+    rng = random.Random(seed)
+    parents, cu = [], [0]
+    for _ in range(rng.randint(1, 3)):
+        n = rng.randint(1, 64)
+        window = rng.choice([1, 2, 64])
+        parents += [-1] + [rng.randint(max(0, i - window), i - 1) for i in range(1, n)]
+        cu.append(len(parents))
+    _check(parents, cu, mode)
+
+
+def test_rejects_bad_parents() -> None:
+    with pytest.raises(ValueError, match="parents before children"):
+        plan_paths([-1, 2, 0])
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        plan_paths([-1, 0], [0, 3])
