@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 LOCAL_OBJECT_STORE_BYTES = 100 * 1024 * 1024
@@ -17,11 +18,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
         return
     ray.init(
         num_cpus=num_cpus or min(2, os.cpu_count() or 1),
         object_store_memory=LOCAL_OBJECT_STORE_BYTES,
         include_dashboard=False,
         log_to_driver=False,
+        logging_level=logging.ERROR,
     )

@@ -60,14 +60,14 @@ def summary_table(rows: list[dict[str, Any]], title: str = "") -> Table:
         ("arm", "left"),
         ("done", "right"),
         ("resolved", "right"),
-        ("solve rate [95% Wilson]", "right"),
+        ("rate [95% CI]", "right"),
         (f"p vs {ref}", "right"),
         ("requests", "right"),
         ("tokens", "right"),
         ("tok/s", "right"),
-        ("tok/s range", "right"),
-        ("accept len", "right"),
-        ("minutes", "right"),
+        ("range", "right"),
+        ("accept", "right"),
+        ("min", "right"),
     ]:
         table.add_column(header, justify=justify)  # type: ignore[arg-type]
     for r in rows:

@@ -138,6 +138,8 @@ def run_sweep_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=as_json)
+    if not console.is_terminal:  # logs and CI: wide enough for the summary table
+        console.width = max(console.width, 130)
     backend = make_backend(config.suite)
     models: dict[str, Any] = {}
     arm_info: dict[str, dict[str, Any]] = {}
