@@ -1,0 +1,110 @@
+"""The one place that picks GDN kernels: fla-core's Triton kernels on CUDA, the PyTorch references elsewhere.
+
+fla is imported lazily and only for CUDA tensors (importing it on a machine without a GPU driver breaks).
+Set ``LUMOTREE_GDN_BACKEND=ref`` to force the references everywhere (e.g. to compare on a GPU).
+
+Operand convention for every entry point (fla layout): q, k [B, T, H, K] already l2-normalised (fp32), v
+[B, T, HV, V], g (log decay) and beta (post-sigmoid) [B, T, HV]; states [N, HV, K, V] fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from . import gdn_ref
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when ``x`` lives on a CUDA device and the reference backend is not forced."""
+    return x.is_cuda and os.environ.get("LUMOTREE_GDN_BACKEND", "auto") != "ref"
+
+
+@functools.cache
+def _fla() -> Any:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+    return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+
+
+def gdn_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked GDN over packed sequences (B = 1, ``cu_seqlens`` [N+1]); returns (o, final states [N, HV, K,
+    V])."""
+    if use_triton(q):
+        chunk, _ = _fla()
+        return chunk(q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=True,
+                     cu_seqlens=cu_seqlens)  # fmt: skip
+    o, s = gdn_ref.chunk_gdn_ref(q, k, v, g, beta, scale, initial_state, True, cu_seqlens)
+    assert s is not None
+    return o, s
+
+
+def gdn_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The native decode kernel: B sequences, T steps each, token by token (T = 1 for AR decoding; commit
+    replays T accepted steps, padded steps having g = 0 and beta = 0, which leave the state bitwise
+    unchanged)."""
+    if use_triton(q):
+        _, fused = _fla()
+        return fused(
+            q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True
+        )
+    o, s = gdn_ref.recurrent_gdn_ref(q, k, v, g, beta, scale, initial_state, True)
+    assert s is not None
+    return o, s
+
+
+TreeFn = Callable[..., tuple[torch.Tensor, Any]]
+
+
+@functools.cache
+def _tree_kernel() -> TreeFn | None:
+    try:
+        from .tree_scan import tree_gdn  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return tree_gdn  # type: ignore[no-any-return]
+
+
+def gdn_tree(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    parents: torch.Tensor | Sequence[int],
+    initial_state: torch.Tensor,
+    scale: float,
+    plan: object | None = None,
+) -> tuple[torch.Tensor, Any]:
+    """Tree GDN over one sequence's tree: q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; parents [N] (-1 = the
+    committed state, parents before children); initial_state [HV, K, V] fp32 -> (o [N, HV, V], None).
+
+    CUDA: the path-parallel Triton scan ``kernels.tree_scan.tree_gdn`` when present; otherwise (and on CPU)
+    the
+    naive per-node loop."""
+    if use_triton(q):
+        kernel = _tree_kernel()
+        if kernel is not None:
+            return kernel(q, k, v, g, beta, parents, initial_state, scale, plan)
+    return gdn_ref.naive_tree_gdn(q, k, v, g, beta, parents, initial_state, scale, plan)

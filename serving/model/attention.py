@@ -1,0 +1,49 @@
+"""Gated full attention: output gate from q_proj, q/k RMSNorm per head, partial RoPE, grouped KV, paged
+cache."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...kernels.attention import paged_attention_ref, paged_decode_attention, write_kv
+from ..cache import StateCaches
+from ..config import ModelConfig
+from .context import ForwardContext
+from .layers import RMSNorm, apply_rope
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: ModelConfig, kv_index: int) -> None:
+        super().__init__()
+        c = config
+        self.kv_index = kv_index
+        self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.scale = self.d**-0.5
+        # q_proj emits, per head, [query (D) | gate (D)].
+        self.q_proj = nn.Linear(c.hidden_size, self.hq * self.d * 2, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, self.hkv * self.d, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, self.hkv * self.d, bias=c.attention_bias)
+        self.o_proj = nn.Linear(self.hq * self.d, c.hidden_size, bias=c.attention_bias)
+        self.q_norm = RMSNorm(self.d, c.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches) -> torch.Tensor:
+        R = x.shape[0]
+        batch = ctx.batch
+        q, gate = self.q_proj(x).view(R, self.hq, 2 * self.d).chunk(2, dim=-1)
+        q = apply_rope(self.q_norm(q), ctx.cos, ctx.sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(R, self.hkv, self.d)), ctx.cos, ctx.sin)
+        v = self.v_proj(x).view(R, self.hkv, self.d)
+        kc, vc = caches.kv.k[self.kv_index], caches.kv.v[self.kv_index]
+        write_kv(kc, vc, k, v, batch.slot_mapping)
+        if batch.mode == "decode":
+            assert ctx.decode_seq_lens is not None
+            out = paged_decode_attention(q, kc, vc, batch.block_tables, ctx.decode_seq_lens, self.scale)
+        else:
+            assert ctx.seq_bounds is not None and ctx.new_visible is not None
+            out = paged_attention_ref(
+                q, kc, vc, batch.block_tables, batch.slot_mapping, ctx.seq_bounds, ctx.new_visible, self.scale
+            )
+        out = out.reshape(R, self.hq * self.d) * torch.sigmoid(gate.reshape(R, self.hq * self.d))
+        return self.o_proj(out)

@@ -1,0 +1,73 @@
+"""Per-forward index tables shared by every layer (built once from the ``ForwardBatch``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...kernels.conv import chain_window_index, decode_window_index, tree_window_index
+from ..batch import ForwardBatch
+from ..config import ModelConfig
+from .layers import rope_cos_sin
+
+
+@dataclass
+class ForwardContext:
+    """Everything layers need besides their weights and the caches."""
+
+    batch: ForwardBatch
+    cos: torch.Tensor
+    """[R, rotary_dim] RoPE cosines."""
+    sin: torch.Tensor
+    conv_win: torch.Tensor
+    """[R, kernel] window rows into ``[S * hist history rows ; R new rows]``."""
+    conv_last: torch.Tensor | None
+    """[S] index of each sequence's last new row (chains only: the new conv history is its window's tail)."""
+    seq_bounds: list[tuple[int, int, int]] | None
+    """(row start, row end, context_len) per sequence (prefill and tree)."""
+    new_visible: list[torch.Tensor] | None
+    """Per sequence [n, n] bool: which new rows each new row attends to (prefill and tree)."""
+    decode_seq_lens: torch.Tensor | None
+    """[S] context_lens + 1 (decode)."""
+
+
+def _ancestor_mask(parents: list[int], device: torch.device) -> torch.Tensor:
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        m[i, i] = True
+        if p >= 0:
+            m[i] |= m[p]
+    return m.to(device)
+
+
+def build_context(
+    batch: ForwardBatch, config: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> ForwardContext:
+    device = batch.input_ids.device
+    hist = config.linear_conv_kernel_dim - 1
+    cos, sin = rope_cos_sin(batch.positions, inv_freq, dtype)
+    if batch.mode == "decode":
+        S = batch.num_seqs
+        return ForwardContext(
+            batch, cos, sin, decode_window_index(S, hist, device), torch.arange(S, device=device), None, None,
+            batch.context_lens + 1,
+        )  # fmt: skip
+    assert batch.seq_lens_host is not None and batch.context_lens_host is not None
+    lens, ctxs = batch.seq_lens_host, batch.context_lens_host
+    bounds, start = [], 0
+    for n, c in zip(lens, ctxs, strict=True):
+        bounds.append((start, start + n, c))
+        start += n
+    if batch.mode == "prefill":
+        win, last = chain_window_index(lens, hist, device)
+        vis = [torch.ones(n, n, dtype=torch.bool, device=device).tril() for n in lens]
+        return ForwardContext(batch, cos, sin, win, last, bounds, vis, None)
+    assert batch.parents_host is not None
+    rows: list[list[int]] = []
+    for s, par in enumerate(batch.parents_host):
+        rows.extend(tree_window_index(par, hist, s, batch.num_seqs, bounds[s][0]))
+    win = torch.tensor(rows, dtype=torch.long, device=device).view(-1, hist + 1)
+    vis = [_ancestor_mask(par, device) for par in batch.parents_host]
+    return ForwardContext(batch, cos, sin, win, None, bounds, vis, None)

@@ -1,0 +1,106 @@
+"""Gated DeltaNet layer: projections, causal conv over q|k|v, the delta-rule recurrence, gated norm,
+out_proj."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...kernels import dispatch
+from ...kernels.conv import conv_windows
+from ..cache import StateCaches
+from ..config import ModelConfig
+from .context import ForwardContext
+from .layers import GatedRMSNorm
+from .record import GDNReplay, TreeRecord
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """fp32 l2 normalisation as fla's kernels do it: x / sqrt(sum x^2 + eps)."""
+    xf = x.float()
+    return xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig, pool_index: int) -> None:
+        super().__init__()
+        c = config
+        self.pool_index = pool_index
+        self.hk, self.hv = c.linear_num_key_heads, c.linear_num_value_heads
+        self.dk, self.dv = c.linear_key_head_dim, c.linear_value_head_dim
+        self.key_dim, self.value_dim = c.linear_key_dim, c.linear_value_dim
+        self.kernel = c.linear_conv_kernel_dim
+        self.scale = self.dk**-0.5
+        self.in_proj_qkv = nn.Linear(c.hidden_size, c.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(c.hidden_size, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(c.hidden_size, self.hv, bias=False)
+        self.in_proj_a = nn.Linear(c.hidden_size, self.hv, bias=False)
+        # Held as nn.Conv1d only for the checkpoint's parameter name/shape [C, 1, W]; applied by conv_windows.
+        self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, self.kernel, groups=c.conv_dim, bias=False)
+        self.A_log = nn.Parameter(torch.zeros(self.hv))
+        self.dt_bias = nn.Parameter(torch.ones(self.hv))
+        self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, c.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches, record: TreeRecord | None
+    ) -> torch.Tensor:
+        batch = ctx.batch
+        R, S = x.shape[0], batch.num_seqs
+        li = self.pool_index
+        rows = batch.state_rows
+        qkv = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).view(R, self.hv, self.dv)
+        b = self.in_proj_b(x)
+        a = self.in_proj_a(x)
+
+        conv_pool = caches.conv.state[li]
+        hist = conv_pool.index_select(0, rows).transpose(1, 2).reshape(S * (self.kernel - 1), -1)
+        src = torch.cat([hist.to(qkv.dtype), qkv], dim=0)
+        mixed = conv_windows(src, ctx.conv_win, self.conv1d.weight[:, 0, :])
+        if ctx.conv_last is not None:  # chains advance the conv history to their last rows' window tails
+            tail = src[ctx.conv_win[ctx.conv_last, 1:]]  # [S, hist, C]
+            conv_pool.index_copy_(0, rows, tail.transpose(1, 2).to(conv_pool.dtype))
+
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = l2norm(q.reshape(R, self.hk, self.dk))
+        k = l2norm(k.reshape(R, self.hk, self.dk))
+        v = v.reshape(R, self.hv, self.dv).float()
+        beta = torch.sigmoid(b.float())
+        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
+
+        pool = caches.recurrent.state[li]
+        if batch.mode == "decode":
+            o, final = dispatch.gdn_decode(
+                q[:, None],
+                k[:, None],
+                v[:, None],
+                g[:, None],
+                beta[:, None],
+                self.scale,
+                pool.index_select(0, rows),
+            )
+            pool.index_copy_(0, rows, final)
+            o = o[:, 0]
+        elif batch.mode == "prefill":
+            o, final = dispatch.gdn_prefill(
+                q[None], k[None], v[None], g[None], beta[None], self.scale, pool.index_select(0, rows),
+                batch.cu_seqlens,
+            )  # fmt: skip
+            pool.index_copy_(0, rows, final)
+            o = o[0]
+        else:
+            assert ctx.seq_bounds is not None and batch.parents_host is not None
+            outs = []
+            for s, (lo, hi, _) in enumerate(ctx.seq_bounds):
+                o_s, _ = dispatch.gdn_tree(
+                    q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], batch.parents_host[s],
+                    pool[rows[s]], self.scale,
+                )  # fmt: skip
+                outs.append(o_s)
+            o = torch.cat(outs)
+            if record is not None:
+                record.layers.append(GDNReplay(q, k, v, g, beta, qkv))
+        y = self.norm(o.to(x.dtype), z)
+        return self.out_proj(y.reshape(R, self.value_dim))
