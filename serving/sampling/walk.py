@@ -187,6 +187,12 @@ def walk(
     n, vocab = logits.shape
     b, depth_max = len(trees.sizes), trees.max_depth
     assert n == sum(trees.sizes), (n, trees.sizes)
+    if depth_max == 0:  # root-only trees (AR): one draw per request, no path bookkeeping
+        present = history if params.any_penalty else None
+        noise = None if params.all_greedy else gumbel(seeds, out_pos, vocab)
+        x = draw(logits, present, params, noise)
+        zero = torch.zeros(b, 1, dtype=torch.int64, device=dev)
+        return WalkResult(accepted=zero, num_accepted=zero[:, 0] + 1, bonus=x, drawn=x)
     nodes = _nodes(trees, history, params, vocab)
 
     noise = None
