@@ -150,6 +150,9 @@ def tree_gdn(
 ) -> tuple[torch.Tensor, None]:
     """Tree scan outputs o [1, R, HV, V]; see the module docstring for shapes and conventions.
 
+    Also accepts one sequence without the batch dim (q, k [N, H, K], v [N, HV, V], g, beta [N, HV],
+    initial_state [HV, K, V]) and then returns o [N, HV, V]: the form ``kernels.dispatch.gdn_tree`` uses.
+
     parents/cu_seqlens are only read when ``plan`` is None (then planned once per topology, cached).
     state_indices [N_seq] int: row of ``initial_state`` for each sequence (None = row s for sequence s),
     so a layer's state pool slice can be passed without gathering. ``cut_buffer`` (fp32, at least
@@ -157,6 +160,13 @@ def tree_gdn(
     """
     if output_node_states:
         raise ValueError("the Triton tree scan returns outputs only; use tree_gdn_ref for node states")
+    if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]
+        assert initial_state.dim() == 3 and state_indices is None and cu_seqlens is None
+        o, _ = tree_gdn(
+            q[None], k[None], v[None], g[None], beta[None], parents, initial_state[None], scale, plan,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cut_buffer=cut_buffer,
+        )  # fmt: skip
+        return o[0], None
     if plan is None:
         if parents is None:
             raise ValueError("need parents or a plan")
@@ -168,7 +178,8 @@ def tree_gdn(
     assert g.shape == (1, R, HV) and beta.shape == (1, R, HV), "g and beta must be [1, R, HV] (headwise)"
     assert initial_state.dtype == torch.float32 and initial_state.shape[1:] == (HV, K, V)
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    assert initial_state.is_contiguous()
+    if not initial_state.is_contiguous():
+        initial_state = initial_state.contiguous()
     device = q.device
     scale = K**-0.5 if scale is None else float(scale)
     if state_indices is None:

@@ -49,6 +49,13 @@ def tree_gdn_ref(
     state [R, HV, K, V] in ``compute_dtype``. ``plan`` is accepted for signature parity and ignored.
     """
     del plan
+    if q.dim() == 3:  # one sequence without the batch dim (the dispatch form)
+        o, st = tree_gdn_ref(
+            q[None], k[None], v[None], g[None], beta[None], parents, initial_state[None], scale,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, output_node_states=output_node_states,
+            compute_dtype=compute_dtype,
+        )  # fmt: skip
+        return o[0], st
     R, H, K = q.shape[1], q.shape[2], q.shape[3]
     HV, V = v.shape[2], v.shape[3]
     if HV % H:

@@ -111,3 +111,14 @@ def test_batched_trees_with_state_indices_and_bf16() -> None:
     o_chain, _ = tree_gdn_ref(q[:, 32:], k[:, 32:], v[:, 32:], g[:, 32:], beta[:, 32:], b, pool[:1],
                               use_qk_l2norm_in_kernel=True)  # fmt: skip
     torch.testing.assert_close(o[:, 32:].float(), o_chain.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_dispatch_form_without_batch_dim() -> None:
+    """The single-sequence form that kernels.dispatch.gdn_tree passes (q [N, H, K], state [HV, K, V])."""
+    ts = _scan_module()
+    parents = [-1, 0, 0, 1]
+    q, k, v, g, beta, h0 = make_inputs(4, 1, h=1, hv=2, kd=16, vd=8, seed=3)
+    o, none = ts.tree_gdn(q[0], k[0], v[0], g[0], beta[0], parents, h0[0], 0.25, None)
+    o_ref, _ = tree_gdn_ref(q[0], k[0], v[0], g[0], beta[0], parents, h0[0], 0.25)
+    assert none is None and o.shape == (4, 2, 8)
+    torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)

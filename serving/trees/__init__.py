@@ -1,0 +1,1 @@
+"""Built-in draft-tree shapes (JSON path lists) shipped with the package."""
