@@ -42,7 +42,7 @@ DEFAULT_LIMITS = TreeLimits()
 
 
 def check_parents(parents: Sequence[int], limits: TreeLimits = DEFAULT_LIMITS) -> None:
-    """Validate a logical parent list: size, index range, one root at node 0, no cycles, parents first, fanout."""
+    """Validate logical parents: size, index range, one root at node 0, no cycles, parents first, fanout."""
     n = len(parents)
     if n == 0:
         raise TreeError("a tree needs at least its root")
