@@ -1,0 +1,1 @@
+"""Drafters: sources of speculative tokens (MTP layer, EAGLE head, suffix matches)."""
