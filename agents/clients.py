@@ -43,16 +43,22 @@ _COUNTERS = {
     "drafts": "spec_decode_num_drafts",
     "draft_tokens": "spec_decode_num_draft_tokens",
     "accepted_tokens": "spec_decode_num_accepted_tokens",
+    "tokens": "generation_tokens",
+    "steps": "decode_steps",
+    "decode_seconds": "decode_busy_seconds",
 }
 _PER_POSITION = "spec_decode_num_accepted_tokens_per_pos"
+_SPANS = "step_span_seconds"
 
 
 def scrape_counters(text: str) -> dict[str, Any]:
-    """Speculative counters from a Prometheus exposition (summed over label sets, per position by label)."""
+    """Decode counters from a Prometheus exposition (summed over label sets; per position and per span by
+    label). Counters a server does not expose are absent from the result."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[str, Any] = {key: 0 for key in _COUNTERS}
+    out: dict[str, Any] = {}
     per_pos: dict[int, float] = {}
+    spans: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         name = family.name.removesuffix("_total")
         for sample in family.samples:
@@ -61,18 +67,32 @@ def scrape_counters(text: str) -> dict[str, Any]:
             if name.endswith(_PER_POSITION):
                 pos = int(sample.labels.get("position", "0"))
                 per_pos[pos] = per_pos.get(pos, 0) + sample.value
-                continue
-            for key, suffix in _COUNTERS.items():
-                if name.endswith(suffix):
-                    out[key] += int(sample.value)
-    out["accepted_per_position"] = [int(per_pos[p]) for p in sorted(per_pos)]
+            elif name.endswith(_SPANS):
+                span = sample.labels.get("span", "")
+                spans[span] = spans.get(span, 0.0) + sample.value
+            else:
+                for key, suffix in _COUNTERS.items():
+                    if name.endswith(suffix):
+                        out[key] = out.get(key, 0) + sample.value
+    if per_pos:
+        out["accepted_per_position"] = [int(per_pos[p]) for p in sorted(per_pos)]
+    if spans:
+        out["spans"] = spans
     return out
 
 
 def counter_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    delta = {key: after.get(key, 0) - before.get(key, 0) for key in _COUNTERS}
-    a, b = after.get("accepted_per_position", []), before.get("accepted_per_position", [])
-    delta["accepted_per_position"] = [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+    """after - before for every counter present in ``after`` (lists per position, dicts per key)."""
+    delta: dict[str, Any] = {}
+    for key, a in after.items():
+        b = before.get(key)
+        if isinstance(a, dict):
+            delta[key] = {k: v - (b or {}).get(k, 0.0) for k, v in a.items()}
+        elif isinstance(a, list):
+            b = b or []
+            delta[key] = [x - (b[i] if i < len(b) else 0) for i, x in enumerate(a)]
+        else:
+            delta[key] = a - (b or 0)
     return delta
 
 
@@ -161,13 +181,7 @@ class OpenAIModel:
         if extra_stats:
             stats = DecodeStats.from_dict(extra_stats)
         else:
-            spec = counter_delta(before, after) if before is not None and after is not None else {}
-            stats = DecodeStats(
-                tokens=completion,
-                steps=completion - int(spec.get("accepted_tokens", 0)),
-                decode_seconds=end - (first or end),
-                **spec,
-            )
+            stats = self._stats(before, after, completion, decode_wall=end - (first or end))
         return ModelReply(
             text="".join(parts),
             prompt_tokens=int(usage.get("prompt_tokens", 0)),
@@ -177,6 +191,23 @@ class OpenAIModel:
             finish_reason=finish,
             sampling=sampling.to_dict(),
         )
+
+    @staticmethod
+    def _stats(
+        before: dict[str, Any] | None, after: dict[str, Any] | None, completion: int, decode_wall: float
+    ) -> DecodeStats:
+        """Server counter differences where the server has them; client-side timing otherwise."""
+        spec = counter_delta(before, after) if before is not None and after is not None else {}
+        ints = ("drafts", "draft_tokens", "accepted_tokens", "steps", "tokens")
+        values: dict[str, Any] = {k: int(round(spec[k])) for k in ints if k in spec}
+        values.setdefault("tokens", completion)
+        values.setdefault("steps", max(0, completion - values.get("accepted_tokens", 0)))
+        values["decode_seconds"] = (
+            float(spec["decode_seconds"]) if spec.get("decode_seconds") else decode_wall
+        )
+        values["accepted_per_position"] = [int(x) for x in spec.get("accepted_per_position", [])]
+        values["spans"] = {k: float(v) for k, v in spec.get("spans", {}).items()}
+        return DecodeStats(**values)
 
     def close(self) -> None:
         self.client.close()

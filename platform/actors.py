@@ -19,13 +19,13 @@ from lumotree.platform.sweep_config import ArmSpec
 # Engine counter names accepted for each DecodeStats field (first present wins).
 _COUNTER_NAMES: dict[str, tuple[str, ...]] = {
     "tokens": ("generation_tokens", "completion_tokens", "num_tokens"),
-    "steps": ("steps", "decode_steps"),
+    "steps": ("decode_steps", "steps"),
     "decode_seconds": ("decode_seconds",),
     "drafts": ("drafts", "num_drafts"),
     "draft_tokens": ("draft_tokens", "num_draft_tokens"),
     "accepted_tokens": ("accepted_tokens", "num_accepted_tokens"),
-    "accepted_per_position": ("accepted_per_position", "per_position_accepted", "accepted_tokens_per_pos"),
-    "spans": ("spans", "phase_seconds"),
+    "accepted_per_position": ("accepted_per_pos", "accepted_per_position"),
+    "spans": ("span_seconds", "spans"),
 }
 
 
