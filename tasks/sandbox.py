@@ -36,10 +36,24 @@ from lumotree.tasks.rootfs import (
 )
 
 TIMEOUT_EXIT = 124  # exit code reported for a command killed at its timeout (coreutils' convention)
-# The container's main process: docker's init (PID 1, reaps orphans so killed fork bombs leave no zombies)
-# runs this keeper as root; commands run as the sandbox user, who can therefore kill every process of its
-# own (kill -1) without touching the keeper. Root here has no capabilities and a read-only root filesystem.
-_KEEPER = ["sleep", "infinity"]
+# The main process, under docker's init (PID 1, which reaps orphans and forwards signals): a root
+# keeper holding CAP_KILL and nothing else. On SIGUSR1 it SIGKILLs every other process (kill -1 spares init and
+# itself) without forking, so it works even when a fork bomb has used up the pid limit. Commands run as the
+# sandbox user, who has no capabilities and cannot signal the keeper.
+_KEEPER_SRC = """
+import os, signal
+def kill_all(*_):
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass
+signal.signal(signal.SIGUSR1, kill_all)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+while True:
+    signal.pause()
+"""
+_KEEPER = ["python3", "-c", _KEEPER_SRC]
+_BASELINE_PROCS = 2  # docker-init and the keeper
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,7 @@ class SandboxConfig:
     read_only_root: bool = True  # root filesystem read-only; /testbed and /tmp stay writable
     writable: tuple[str, ...] = (TESTBED,)  # paths made writable (volumes seeded from the image)
     env: dict[str, str] = field(default_factory=dict)  # extra environment of every command
+    kill_leftovers: bool = True  # kill whatever a command left running (background jobs) when it returns
 
     def __post_init__(self) -> None:
         assert not self.user.startswith("0") and self.user != "root", "sandboxes never run as root"
@@ -173,6 +188,7 @@ class DockerSandbox:
             nano_cpus=int(cfg.cpus * 1e9),
             pids_limit=cfg.pids,
             cap_drop=["ALL"],
+            cap_add=["KILL"],  # for the keeper only: exec'd non-root commands get no capabilities
             security_opt=["no-new-privileges"],
             read_only=cfg.read_only_root,
             tmpfs={"/tmp": f"size={cfg.tmp_size},mode=1777,exec"},
@@ -234,8 +250,10 @@ class DockerSandbox:
         seconds = time.monotonic() - t0
         exit_code = api.exec_inspect(exec_id).get("ExitCode")
         timed_out = escaped or (exit_code in (124, 137) and seconds >= timeout)
+        if self.config.kill_leftovers or timed_out:
+            # A command's processes end with it: nothing (a fork bomb, a daemon) runs on into the next one.
+            self.kill_all()
         if timed_out:
-            self.kill_all()  # leave nothing of a timed-out command running into the next one
             buf.add(f"\n[command timed out after {timeout:g} s and was killed]\n".encode())
             exit_code = TIMEOUT_EXIT
         return ExecResult(
@@ -246,9 +264,16 @@ class DockerSandbox:
             seconds=seconds,
         )
 
-    def kill_all(self) -> None:
-        """SIGKILL every process of the sandbox user (the root-owned keeper and init are out of its reach)."""
-        self.container.exec_run(["kill", "-9", "-1"], user=self.config.user)
+    def kill_all(self, wait: float = 10.0) -> bool:
+        """SIGKILL every process but init and the keeper; True once they are gone (within ``wait`` s)."""
+        deadline = time.monotonic() + wait
+        while True:
+            if len(self.container.top().get("Processes") or []) <= _BASELINE_PROCS:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            self.container.kill(signal="SIGUSR1")
+            time.sleep(0.05)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         data = content.encode() if isinstance(content, str) else content
