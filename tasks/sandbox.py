@@ -36,10 +36,10 @@ from lumotree.tasks.rootfs import (
 )
 
 TIMEOUT_EXIT = 124  # exit code reported for a command killed at its timeout (coreutils' convention)
-# The main process, under docker's init (PID 1, which reaps orphans and forwards signals): a root
-# keeper holding CAP_KILL and nothing else. On SIGUSR1 it SIGKILLs every other process (kill -1 spares init and
-# itself) without forking, so it works even when a fork bomb has used up the pid limit. Commands run as the
-# sandbox user, who has no capabilities and cannot signal the keeper.
+# The main process, under docker's init (PID 1: reaps orphans, forwards signals), is a root keeper holding
+# CAP_KILL and nothing else. On SIGUSR1 it SIGKILLs every other process (kill -1 spares init and itself)
+# without forking, so it works even when a fork bomb has used up the pid limit. Commands run as the sandbox
+# user, who has no capabilities and cannot signal the keeper.
 _KEEPER_SRC = """
 import os, signal
 def kill_all(*_):
