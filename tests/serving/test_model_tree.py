@@ -1,0 +1,146 @@
+"""Tree mode and commit: each node sees its parent's state; committing a path equals decoding it."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from lumotree.serving.cache import CacheConfig, StateCaches
+from lumotree.serving.loader import load_model
+from lumotree.serving.model import HybridModel
+
+
+def _random_tree(n: int, rng: random.Random) -> list[int]:
+    return [-1] + [rng.randrange(0, i) for i in range(1, n)]
+
+
+def _path(parents: list[int], node: int) -> list[int]:
+    out = []
+    while node >= 0:
+        out.append(node)
+        node = parents[node]
+    return out[::-1]
+
+
+class Snap:
+    """Save and restore every state surface (the tree trials all start from the same committed prefix)."""
+
+    def __init__(self, c: StateCaches) -> None:
+        self.c = c
+        self.t = [x.clone() for x in (c.recurrent.state, c.conv.state, c.kv.k, c.kv.v)]
+
+    def restore(self) -> None:
+        for dst, src in zip(
+            (self.c.recurrent.state, self.c.conv.state, self.c.kv.k, self.c.kv.v), self.t, strict=True
+        ):
+            dst.copy_(src)
+
+
+def _setup(path: Path, prompts: list[list[int]]) -> tuple[HybridModel, StateCaches, Snap]:
+    model, cfg = load_model(path)
+    caches = StateCaches(cfg, CacheConfig(max_seqs=4, num_blocks=64, block_size=4))
+    for s, p in enumerate(prompts):
+        caches.allocate(s, len(p) + 24)
+    model(caches.make_batch("prefill", list(range(len(prompts))), prompts, [0] * len(prompts)), caches)
+    return model, caches, Snap(caches)
+
+
+def _decode_path(
+    model: HybridModel, caches: StateCaches, seq: int, ctx: int, toks: list[int]
+) -> list[torch.Tensor]:
+    out = []
+    for j, t in enumerate(toks):
+        h = model(caches.make_batch("decode", [seq], [[t]], [ctx + j]), caches)
+        out.append(model.compute_logits(h)[0])
+    return out
+
+
+def _replay_native(record, s: int, path: list[int], state0: torch.Tensor) -> torch.Tensor:
+    """Step ``dispatch.gdn_decode`` one token per call (T = 1) through each GDN layer's recorded operands."""
+    from lumotree.kernels.dispatch import gdn_decode
+
+    base = int(record.batch.cu_seqlens[s])
+    out = []
+    for li, rep in enumerate(record.layers):
+        st = state0[li][None]
+        for i in path:
+            r = base + i
+            _, st = gdn_decode(
+                rep.q[r][None, None], rep.k[r][None, None], rep.v[r][None, None], rep.g[r][None, None],
+                rep.beta[r][None, None], record.scale, st,
+            )  # fmt: skip
+        out.append(st[0])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("layout", ["gdn3_attn1", "alternating"])
+def test_tree_logits_and_commit_equal_decoding_each_path(
+    tiny_checkpoints: dict[str, Path], layout: str
+) -> None:
+    rng = random.Random(11)
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (9, 2)]
+    trees = [_random_tree(10, rng), [-1, 0, 1, 0, 3, 4]]  # a random tree; a spine with a branch at the root
+    tokens = [[rng.randrange(300) for _ in t] for t in trees]
+    model, caches, snap = _setup(tiny_checkpoints[layout], prompts)
+    ctx = [len(p) for p in prompts]
+    batch = caches.make_batch("tree", [0, 1], tokens, ctx, trees)
+    logits = model.compute_logits(model(batch, caches))
+    record = model.tree_record
+    assert record is not None and len(record.layers) == len(model.config.gdn_layers)
+    # The tree forward advanced nothing durable except the tree rows' K/V.
+    torch.testing.assert_close(caches.recurrent.state, snap.t[0], rtol=0, atol=0)
+    torch.testing.assert_close(caches.conv.state, snap.t[1], rtol=0, atol=0)
+    tree_kv = [x.clone() for x in (caches.kv.k, caches.kv.v)]
+
+    offsets = [0, len(trees[0])]
+    for s in (0, 1):
+        for node in range(len(trees[s])):
+            path = _path(trees[s], node)
+            toks = [tokens[s][i] for i in path]
+            # Native: decode the path token by token from the committed prefix.
+            snap.restore()
+            ref_logits = _decode_path(model, caches, s, ctx[s], toks)
+            torch.testing.assert_close(logits[offsets[s] + node], ref_logits[-1], rtol=1e-5, atol=1e-5)
+            native = [
+                x.clone() for x in (caches.recurrent.state, caches.conv.state, caches.kv.k, caches.kv.v)
+            ]
+            # Tree: restore prefix + tree K/V, commit the path (the other sequence accepts only its root).
+            snap.restore()
+            caches.kv.k.copy_(tree_kv[0])
+            caches.kv.v.copy_(tree_kv[1])
+            acc = torch.full((2, len(path)), -1, dtype=torch.long)
+            acc[s] = torch.tensor(path)
+            acc[1 - s, 0] = 0
+            lens = model.commit(record, acc, caches)
+            assert lens.tolist()[s] == len(path)
+            row = caches.seqs[s].state_row
+            # Bitwise: the published state is the native decode kernel stepped token by token over the
+            # recorded operands from the pre-tree state.
+            native_replay = _replay_native(record, s, path, snap.t[0][:, row])
+            assert torch.equal(caches.recurrent.state[:, row], native_replay), f"seq {s} node {node}"
+            # Full model: decoding the path recomputes the operands with 1-row matmuls, whose rounding differs
+            # from the R-row tree forward's (BLAS is not batch-invariant): states agree to fp32 rounding.
+            torch.testing.assert_close(
+                caches.recurrent.state[:, row], native[0][:, row], rtol=1e-5, atol=1e-6
+            )
+            expect_conv = torch.stack(
+                [
+                    torch.cat(
+                        [snap.t[1][li, row].T, record.layers[li].conv_in[[offsets[s] + i for i in path]]]
+                    )[-3:].T
+                    for li in range(len(record.layers))
+                ]
+            )
+            assert torch.equal(caches.conv.state[:, row], expect_conv)
+            torch.testing.assert_close(caches.conv.state[:, row], native[1][:, row], rtol=1e-4, atol=1e-5)
+            if node > 0:  # publishing a sibling's path (the fault the test must catch) gives another state
+                assert not torch.equal(native_replay, _replay_native(record, s, path[:-1], snap.t[0][:, row]))
+            blocks = caches.seqs[s].blocks
+            for pos in range(ctx[s] + len(path)):
+                slot = caches.kv.slot(blocks, pos)
+                for mine, ref in zip((caches.kv.k, caches.kv.v), native[2:], strict=True):
+                    flat, rflat = (x.view(x.shape[0], -1, *x.shape[3:]) for x in (mine, ref))
+                    torch.testing.assert_close(flat[:, slot], rflat[:, slot], rtol=1e-4, atol=1e-5)
