@@ -56,38 +56,43 @@ def stats_from_counters(before: dict[str, Any], after: dict[str, Any]) -> Decode
     return DecodeStats.from_dict(values)
 
 
-def _is_context_error(exc: Exception) -> bool:
-    text = str(exc).lower()
-    return any(
-        s in text for s in ("context length", "context window", "too long", "max_model_len", "exceeds")
-    )
-
-
 class ArmHost:
     """Serves one arm in this process: the embedded engine, or a scripted model (tests)."""
 
-    def __init__(self, spec: ArmSpec | dict[str, Any]) -> None:
+    def __init__(self, spec: ArmSpec | dict[str, Any], llm: Any = None) -> None:
+        """``llm``: an already built ``lumotree.serving.llm.LLM`` to host instead of loading the model."""
         self.spec = spec if isinstance(spec, ArmSpec) else ArmSpec.model_validate(spec)
         assert self.spec.hosted, f"arm {self.spec.name} is an external server, not hosted"
-        self.llm: Any = None
+        self.llm: Any = llm
         self.scripted: ScriptedModel | None = None
         if self.spec.kind == "scripted":
             assert self.spec.script is not None
             self.scripted = ScriptedModel(self.spec.script, delay_s=self.spec.delay_s)
-        else:
+        elif self.llm is None:
             self.llm = self._load_engine()
 
     def _load_engine(self) -> Any:
-        from lumotree.serving.llm import LLM, LLMConfig
+        from lumotree.serving.engine import EngineConfig
+        from lumotree.serving.llm import LLM
 
+        fields = set(EngineConfig.__dataclass_fields__)
         options = dict(self.spec.options)
-        return LLM(LLMConfig(model=self.spec.model, arm=self.spec.engine_arm, **options))
+        # Engine-wide settings go to EngineConfig; the rest (mtp_k, tree, ...) configure the arm.
+        engine = {k: options.pop(k) for k in list(options) if k in fields and k != "arm_options"}
+        config = EngineConfig(model=self.spec.model, arm=self.spec.engine_arm, arm_options=options, **engine)
+        return LLM(config)
 
     @staticmethod
     def _params(sampling: dict[str, Any]) -> Any:
         from lumotree.serving.sampler import SamplingParams
 
         return SamplingParams(**sampling)
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """The conversation through the chat template, tokenized: exactly what the engine gets."""
+        tok = self.llm.tokenizer
+        assert tok is not None, f"arm {self.spec.name}: the model has no tokenizer, so it cannot chat"
+        return list(tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True)))
 
     def pid(self) -> int:
         return os.getpid()
@@ -103,42 +108,36 @@ class ArmHost:
         if self.scripted is not None:
             return self.scripted.chat(messages, SamplingConfig(**sampling)).to_dict()
         start = time.monotonic()
+        ids = self.prompt_ids(messages)
+        limit = int(self.llm.engine.max_model_len)
+        if len(ids) >= limit:
+            return {
+                "error": "context_length",
+                "message": f"prompt of {len(ids)} tokens; the arm serves {limit}",
+            }
         before = self.llm.counters()
-        try:
-            result = self.llm.chat(messages, self._params(sampling))
-        except (ValueError, RuntimeError) as exc:
-            if _is_context_error(exc):
-                return {"error": "context_length", "message": str(exc)}
-            raise
+        result = self.llm.generate([ids], self._params(sampling))[0]
         stats = stats_from_counters(before, self.llm.counters())
-        prompt_ids = list(getattr(result, "prompt_token_ids", None) or [])
-        completion = int(getattr(result, "num_tokens", 0) or len(getattr(result, "token_ids", []) or []))
         return ModelReply(
             text=result.text,
-            prompt_tokens=int(getattr(result, "prompt_tokens", 0) or len(prompt_ids)),
-            completion_tokens=completion,
+            prompt_tokens=len(ids),
+            completion_tokens=int(result.num_tokens),
             stats=stats,
             seconds=time.monotonic() - start,
-            finish_reason=str(getattr(result, "finish_reason", "stop") or "stop"),
-            prompt_token_ids=prompt_ids or None,
+            finish_reason=str(result.finish_reason or "stop"),
+            prompt_token_ids=ids,
             sampling=dict(sampling),
         ).to_dict()
 
     def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
-        """One replayed request: generated token count and the decode statistics of exactly this call."""
+        """One replayed request: its token count and the decode statistics of exactly this call."""
         assert self.llm is not None, "replay needs an engine arm"
         before = self.llm.counters()
         start = time.monotonic()
-        results = self.llm.generate([list(prompt_token_ids)], self._params(sampling))
+        result = self.llm.generate([list(prompt_token_ids)], self._params(sampling))[0]
         seconds = time.monotonic() - start
         stats = stats_from_counters(before, self.llm.counters())
-        result = results[0]
-        tokens = int(getattr(result, "num_tokens", 0) or len(result.token_ids))
-        if stats.tokens == 0:
-            stats.tokens = tokens
-        if stats.decode_seconds == 0.0:
-            stats.decode_seconds = float(getattr(result, "decode_seconds", 0.0) or 0.0)
-        return {"tokens": tokens, "seconds": seconds, "stats": stats.to_dict()}
+        return {"tokens": int(result.num_tokens), "seconds": seconds, "stats": stats.to_dict()}
 
 
 def gpu_share(num_arms: int) -> float:
