@@ -71,8 +71,11 @@ def test_grade_in_docker(mini_image: str) -> None:
     # Bad patches are graded failures with a reason, never exceptions.
     garbage = grade(inst, "this is not a patch\n", mini_image)
     assert not garbage.resolved and not garbage.patch_applied and "does not apply" in garbage.reason
-    wrong_ctx = grade(inst, GOLD.replace(" def clip(x, lo, hi):", " def clamp(x, lo, hi):"), mini_image)
-    assert not wrong_ctx.patch_applied and wrong_ctx.reason
+    # Context that differs is fuzzed in (as SWE-bench's harness does); a removed line that is not there is not.
+    fuzzed = grade(inst, GOLD.replace(" def clip(x, lo, hi):", " def clamp(x, lo, hi):"), mini_image)
+    assert fuzzed.patch_applied and not fuzzed.resolved
+    wrong = grade(inst, GOLD.replace("-    if x < lo:", "-    if x < low:"), mini_image)
+    assert not wrong.patch_applied and "does not apply" in wrong.reason, wrong.reason
     reversed_patch = GOLD.replace("-    if x < lo:\n+    if x > lo:", "-    if x > lo:\n+    if x < lo:")
     rev = grade(inst, reversed_patch, mini_image)
     assert not rev.patch_applied and "already applied" in rev.reason, rev.reason
