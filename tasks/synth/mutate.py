@@ -7,6 +7,7 @@ seed picks the same mutants every time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -38,6 +39,11 @@ OPERATORS = (
     "remove_statement",
     "flip_return_bool",
 )
+
+
+def _ws(op: Any) -> dict[str, Any]:
+    """The operator's surrounding whitespace, so a replaced operator keeps the line's formatting."""
+    return {"whitespace_before": op.whitespace_before, "whitespace_after": op.whitespace_after}
 
 
 @dataclass(frozen=True)
@@ -92,13 +98,10 @@ class _Mutator(cst.CSTTransformer):
         op = updated.operator
         if type(op) in _FLIP:
             if self._site(original, "flip_comparison"):
-                new = _FLIP[type(op)](
-                    whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after
-                )
-                return updated.with_changes(operator=new)
+                return updated.with_changes(operator=_FLIP[type(op)](**_ws(op)))
         elif isinstance(op, cst.In | cst.NotIn | cst.Is | cst.IsNot):
             if self._site(original, "negate_membership"):
-                ws = {"whitespace_before": op.whitespace_before, "whitespace_after": op.whitespace_after}
+                ws = _ws(op)
                 new: cst.BaseCompOp
                 if isinstance(op, cst.In):
                     new = cst.NotIn(**ws)
@@ -127,10 +130,7 @@ class _Mutator(cst.CSTTransformer):
         if isinstance(op, _NONCOMMUTATIVE) and self._site(original, "swap_operands"):
             return updated.with_changes(left=updated.right, right=updated.left)
         if type(op) in _ARITH and self._site(original, "swap_arithmetic"):
-            new = _ARITH[type(op)](
-                whitespace_before=op.whitespace_before, whitespace_after=op.whitespace_after
-            )
-            return updated.with_changes(operator=new)
+            return updated.with_changes(operator=_ARITH[type(op)](**_ws(op)))
         return updated
 
     def leave_BooleanOperation(
