@@ -340,15 +340,15 @@ class Engine:
             torch.tensor(added, device=self.device),
         )
         self.counters.generation_tokens += len(added)
-        if reason is not None:
-            self.scheduler.finish(req, reason)
-            self.counters.requests_finished += 1
-            self._release(req)
         # Hold back text that could still become a stop string.
         hold = 0 if reason is not None or not p.stop else max(len(s) for s in p.stop) - 1
         start = self._emitted.get(req.req_id, 0)
         end = max(start, len(req.text) - hold)
         self._emitted[req.req_id] = end
+        if reason is not None:
+            self.scheduler.finish(req, reason)
+            self.counters.requests_finished += 1
+            self._release(req)
         return RequestOutput(req.req_id, added, req.text[start:end], reason is not None, reason, req)
 
     @staticmethod

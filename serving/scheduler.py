@@ -60,16 +60,22 @@ class Scheduler:
         self.budget = caches.cache_config.num_blocks - reserved_blocks
 
     def blocks_for(self, req: Request) -> int:
-        tokens = len(req.prompt_ids) + req.max_tokens + self.config.tree_rows
-        return -(-tokens // self.caches.block_size)
+        return self.blocks_needed(len(req.prompt_ids), req.max_tokens)
 
-    def add(self, req: Request) -> None:
-        need = self.blocks_for(req)
+    def blocks_needed(self, prompt_tokens: int, max_tokens: int) -> int:
+        return -(-(prompt_tokens + max_tokens + self.config.tree_rows) // self.caches.block_size)
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise ValueError when a request could never be admitted, however long it waits."""
+        need = self.blocks_needed(prompt_tokens, max_tokens)
         if need > self.budget:
             raise ValueError(
-                f"request needs {need} KV blocks for {len(req.prompt_ids)} prompt + {req.max_tokens} new "
-                f"tokens; the cache holds {self.budget}"
+                f"the request needs {need} KV blocks for {prompt_tokens} prompt + {max_tokens} new tokens; "
+                f"the cache holds {self.budget} (lower max_tokens)"
             )
+
+    def add(self, req: Request) -> None:
+        self.check_fits(len(req.prompt_ids), req.max_tokens)
         self.waiting.append(req)
 
     @property

@@ -1,0 +1,37 @@
+"""Command-line options shared by ``lumotree generate`` and ``lumotree serve`` (one definition each)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from lumotree.serving.engine import EngineConfig
+
+ModelOpt = Annotated[str, typer.Option(help="Built-in model name (tiny) or checkpoint directory.")]
+ArmOpt = Annotated[str, typer.Option(help="Decoding arm: ar | mtp | eagle | lumotree.")]
+MtpKOpt = Annotated[int, typer.Option(help="MTP chain length (mtp and lumotree arms).")]
+TreeOpt = Annotated[str, typer.Option(help="Tree policy of the lumotree arm: hydra27 | adaptive.")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")]
+DtypeOpt = Annotated[str | None, typer.Option(help="float32 | bfloat16 | float16 (default: checkpoint's).")]
+MaxLenOpt = Annotated[int, typer.Option(help="Prompt + output tokens per request.")]
+
+
+def engine_config(
+    model: str,
+    arm: str,
+    mtp_k: int,
+    tree: str,
+    device: str | None,
+    dtype: str | None,
+    max_model_len: int,
+    max_seqs: int,
+) -> EngineConfig:
+    from lumotree.serving.engine import EngineConfig
+
+    options = {"mtp": {"mtp_k": mtp_k}, "lumotree": {"tree": tree, "mtp_k": mtp_k}}.get(arm, {})
+    return EngineConfig(
+        model=model, arm=arm, arm_options=options, device=device, dtype=dtype, max_seqs=max_seqs,
+        max_model_len=max_model_len,
+    )  # fmt: skip
