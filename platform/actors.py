@@ -140,6 +140,26 @@ class ArmHost:
         return {"tokens": int(result.num_tokens), "seconds": seconds, "stats": stats.to_dict()}
 
 
+class ArmStartError(RuntimeError):
+    """An arm could not be started (model missing, arm unavailable in this build, actor crashed in setup)."""
+
+
+def check_specs(specs: list[ArmSpec]) -> None:
+    """Fail fast in the driver, with the engine's own message, when an engine arm cannot load."""
+    from lumotree.serving.arms import ARMS
+    from lumotree.serving.builtin import resolve_model
+
+    for spec in specs:
+        if spec.kind != "engine":
+            continue
+        try:
+            resolve_model(spec.model)
+        except FileNotFoundError as exc:
+            raise ArmStartError(f"arm {spec.name}: {exc}") from None
+        if spec.engine_arm not in ARMS:
+            raise ArmStartError(f"arm {spec.name}: unknown engine arm {spec.engine_arm!r}")
+
+
 def gpu_share(num_arms: int) -> float:
     """GPUs per arm actor: one each when there are enough, else an equal fraction; 0 without GPUs."""
     import ray
@@ -160,6 +180,7 @@ def start_arm_actors(
     """
     import ray
 
+    check_specs(specs)
     hosted = [s for s in specs if s.hosted]
     share = gpu_share(sum(1 for s in hosted if s.kind == "engine"))
     remote_cls = ray.remote(ArmHost)
@@ -169,5 +190,10 @@ def start_arm_actors(
         handles[spec.name] = remote_cls.options(  # type: ignore[attr-defined]
             num_cpus=0, num_gpus=gpus, max_restarts=max_restarts, max_task_retries=0, max_concurrency=1
         ).remote(spec.model_dump())
-    ray.get([h.pid.remote() for h in handles.values()], timeout=ready_timeout_s)
+    for name, handle in handles.items():
+        try:
+            ray.get(handle.pid.remote(), timeout=ready_timeout_s)
+        except ray.exceptions.RayError as exc:
+            last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ArmStartError(f"arm {name} failed to start: {last}") from exc
     return handles

@@ -145,12 +145,21 @@ def run_sweep_command(
     arm_info: dict[str, dict[str, Any]] = {}
     if any(a.hosted for a in config.arms):
         import ray
-        from lumotree.platform.actors import start_arm_actors
+        from lumotree.platform.actors import ArmStartError, check_specs, start_arm_actors
         from lumotree.platform.ray_runtime import init_ray
 
+        try:
+            check_specs(config.arms)  # before Ray starts: a missing model is reported in a second
+        except ArmStartError as exc:
+            console.print(f"[red]{exc}[/]")
+            return 2
         init_ray(ray_address)
         with console.status(f"starting {sum(a.hosted for a in config.arms)} arm actor(s)"):
-            handles = start_arm_actors(config.arms)
+            try:
+                handles = start_arm_actors(config.arms)
+            except ArmStartError as exc:
+                console.print(f"[red]{exc}[/]")
+                return 2
             for spec_name, info in zip(
                 handles, ray.get([h.info.remote() for h in handles.values()]), strict=True
             ):
