@@ -18,7 +18,6 @@ import torch
 
 from .config import ConfigError, ModelConfig
 from .model import HybridModel
-from .model.layers import rope_inv_freq
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _SKIP_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
@@ -85,6 +84,13 @@ def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig) -> torch
     return _DTYPES[name]
 
 
+def build_empty(config: ModelConfig, device: torch.device | str, dtype: torch.dtype) -> HybridModel:
+    """An uninitialised model allocated once, directly on ``device`` in ``dtype`` (no fp32 CPU copy)."""
+    with torch.device("meta"):
+        model = HybridModel(config)
+    return model.to(dtype).to_empty(device=device)
+
+
 def load_model(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype | str | None = None
 ) -> tuple[HybridModel, ModelConfig]:
@@ -110,11 +116,7 @@ def load_model(
     if not has_mtp and config.mtp_num_hidden_layers > 0:
         config = dataclasses.replace(config, mtp_num_hidden_layers=0)  # the MTP head was not shipped
     dt = resolve_dtype(dtype, config)
-    with torch.device("meta"):
-        model = HybridModel(config)
-    model = model.to_empty(device=device).to(dt)
-    # to_empty left the (non-persistent) RoPE buffer uninitialised.
-    model.inv_freq = rope_inv_freq(config.rotary_dim, config.rope_theta).to(device)
+    model = build_empty(config, device, dt)
 
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {"lm_head.weight"} if config.tie_word_embeddings else set()

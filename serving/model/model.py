@@ -90,7 +90,9 @@ class HybridModel(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.mtp: MTP | None = MTP(c) if c.mtp_num_hidden_layers > 0 else None
-        self.register_buffer("inv_freq", rope_inv_freq(c.rotary_dim, c.rope_theta), persistent=False)
+        # RoPE inverse frequencies stay fp32 whatever dtype the weights take (kept outside the module's
+        # buffers so .to(bfloat16) cannot round them), one copy per device.
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
         self.tree_record: TreeRecord | None = None
         """The replay operands of the latest tree-mode forward."""
 
@@ -98,8 +100,13 @@ class HybridModel(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._inv_freq:
+            self._inv_freq[device] = rope_inv_freq(self.config.rotary_dim, self.config.rope_theta).to(device)
+        return self._inv_freq[device]
+
     def context(self, batch: ForwardBatch) -> ForwardContext:
-        return build_context(batch, self.config, self.inv_freq, self.dtype)
+        return build_context(batch, self.config, self.inv_freq(batch.input_ids.device), self.dtype)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, caches: StateCaches) -> torch.Tensor:
