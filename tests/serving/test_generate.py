@@ -1,0 +1,69 @@
+"""``lumotree generate --json`` and the ``LLM`` facade on a random tiny checkpoint with a tokenizer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from lumotree.platform.cli import app
+from lumotree.serving.engine import EngineConfig
+from lumotree.serving.llm import LLM
+from lumotree.serving.sampler import SamplingParams
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _chat_checkpoint import chat_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ckpt(tiny_checkpoints, tmp_path_factory) -> Path:
+    return chat_checkpoint(tiny_checkpoints["alternating"], tmp_path_factory.mktemp("gen") / "ckpt")
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(app, ["generate", *args])
+    return res.exit_code, res.output
+
+
+def test_generate_json_matches_llm(ckpt: Path) -> None:
+    args = ["--model", str(ckpt), "--prompt", "def add(a, b):", "--max-tokens", "9", "--device", "cpu",
+            "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--presence-penalty", "1.0",
+            "--seed", "4", "--ignore-eos", "--json"]  # fmt: skip
+    code, out = run_cli(*args)
+    assert code == 0, out
+    got = json.loads(out.strip().splitlines()[-1])
+    for key in ("arm", "text", "token_ids", "num_tokens", "steps", "decode_seconds", "decode_tok_s",
+                "accepted_per_step", "tokens_per_step", "acceptance_rate"):  # fmt: skip
+        assert key in got, key
+    assert (
+        got["arm"] == "ar" and got["num_tokens"] == 9 and got["steps"] == 9 and got["tokens_per_step"] == 1.0
+    )
+    assert got["acceptance_rate"] == 0.0 and got["decode_tok_s"] > 0
+
+    llm = LLM(EngineConfig(model=str(ckpt), device="cpu", max_seqs=2))
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=1.0, seed=4, max_tokens=9,
+                            ignore_eos=True)  # fmt: skip
+    want = llm.generate("def add(a, b):", params)[0]
+    assert got["token_ids"] == want.token_ids and got["text"] == want.text
+    counters = llm.counters()
+    assert counters["generation_tokens"] == 9 and counters["decode_steps"] == 8
+
+    chat = llm.chat([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=5))
+    assert chat.message["role"] == "assistant" and 1 <= chat.num_tokens <= 5
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "tiny"], "built-in model"),
+        (["--model", "/no/such/dir"], "no such directory"),
+        (["--temperature", "-1"], "temperature"),
+        (["--arm", "nope"], "unknown arm"),
+    ],
+)
+def test_generate_errors_are_clear(ckpt: Path, args: list[str], needle: str) -> None:
+    base = ["--model", str(ckpt), "--prompt", "x", "--device", "cpu"]
+    code, out = run_cli(*base, *args)
+    assert code == 2 and needle in " ".join(out.split()), out
