@@ -17,7 +17,7 @@ const LumoTree = (() => {
     };
     Plotly.react("scatter", [trace], layout({
       xaxis: { title: { text: "decode tok/s (pooled; bars: per-attempt range)" }, rangemode: "tozero" },
-      yaxis: { title: { text: "solve rate (95% Wilson)" }, range: [0, 1.05], tickformat: ".0%" },
+      yaxis: { title: { text: "solve rate (95% Wilson)" }, range: [0, 1.12], tickformat: ".0%" },
     }), config);
   }
 
@@ -72,7 +72,7 @@ const LumoTree = (() => {
     Plotly.newPlot("tok-s", [{
       type: "bar", x: reqs.map((r) => r.index), y: reqs.map((r) => r.decode_tok_s), name: "decode tok/s",
       hovertemplate: "request %{x}<br>%{y:.2f} tok/s<extra></extra>",
-    }], layout({ title: { text: "decode tok/s per request" }, xaxis: { title: { text: "request" } }, yaxis: { title: { text: "tok/s" } } }), config);
+    }], layout({ title: { text: "decode tok/s per request" }, xaxis: { title: { text: "request" }, dtick: 1 }, yaxis: { title: { text: "tok/s" } } }), config);
     const h = data.histogram;
     Plotly.newPlot("acceptance", [{
       type: "bar", x: h.position, y: h.rate, customdata: h.accepted, name: "acceptance",
