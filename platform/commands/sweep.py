@@ -164,7 +164,8 @@ def run_sweep_command(
                 handles, ray.get([h.info.remote() for h in handles.values()]), strict=True
             ):
                 arm_info[spec_name] = {"host": info}
-        models.update({n: ActorModel(h) for n, h in handles.items()})
+        timeout = config.agent.wall_limit_s  # a hung arm fails the attempt instead of holding it forever
+        models.update({n: ActorModel(h, timeout_s=timeout) for n, h in handles.items()})
     for spec in config.arms:
         if spec.kind == "url":
             models[spec.name] = OpenAIModel(spec.url)
