@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_fixtures import make_chat_checkpoint
+from engine_fixtures import make_chat_checkpoint, serve
 from lumotree.db import models as dbm
 from lumotree.db.store import Store
 from sqlalchemy import select
@@ -39,21 +39,39 @@ def test_sweep_then_replay(tmp_path: Path) -> None:
     sweep = [sys.executable, "-c", CLI, "sweep", "--db", url, "--model", str(ckpt), "--arms", "ar"]
     sweep += ["--suite", "astropy-synth", "--limit", "1", "--attempts", "1", "--step-limit", "2"]
     sweep += ["--max-tokens", "16", "--device", "cpu", "--json"]
-    done = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    with serve(ckpt) as server_url:  # the same model behind the OpenAI-compatible server: an external arm
+        sweep += ["--arm-url", f"ext={server_url}"]
+        done = subprocess.run(sweep, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     summary = json.loads(done.stdout)
-    (arm,) = summary["arms"]
-    assert arm["arm"] == "ar" and arm["done"] == 1 and arm["requests"] >= 1
+    assert [a["arm"] for a in summary["arms"]] == ["ar", "ext"]
+    assert all(a["done"] == 1 and a["requests"] >= 1 for a in summary["arms"])
     store = Store(url)
     with store.session() as s:
-        attempt = s.scalars(select(dbm.Attempt)).one()
-        requests = s.scalars(select(dbm.Request).where(dbm.Request.attempt_id == attempt.id)).all()
-    assert attempt.status == dbm.DONE and attempt.resolved is False  # a random model fixes nothing
-    assert len(requests) == attempt.requests and all(r.prompt_token_ids for r in requests)
-    assert attempt.exit_status in ("step_limit", "context_length", "submitted")
+        rows = s.execute(select(dbm.Attempt, dbm.Arm.name).join(dbm.Arm)).all()
+        for attempt, arm in rows:
+            requests = s.scalars(select(dbm.Request).where(dbm.Request.attempt_id == attempt.id)).all()
+            assert attempt.status == dbm.DONE and attempt.resolved is False  # a random model fixes nothing
+            assert attempt.exit_status in ("step_limit", "context_length", "submitted")
+            assert len(requests) == attempt.requests
+            # Only the hosted arm knows the exact prompt token ids (what replay re-issues).
+            assert all(bool(r.prompt_token_ids) == (arm == "ar") for r in requests)
 
     replay = [sys.executable, "-c", CLI, "replay", "--db", url, "--from-sweep", str(summary["sweep_id"])]
-    replay += ["--arms", "ar", "--runs", "3", "--max-tokens", "8", "--model", str(ckpt), "--device", "cpu"]
+    replay += [
+        "--source-arm",
+        "ar",
+        "--arms",
+        "ar",
+        "--runs",
+        "3",
+        "--max-tokens",
+        "8",
+        "--model",
+        str(ckpt),
+        "--device",
+        "cpu",
+    ]
     replay += ["--no-ray", "--json", "--out", str(tmp_path / "replay.json")]
     done = subprocess.run(replay, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
