@@ -107,7 +107,7 @@ def register(app: typer.Typer) -> None:
             )
             try:
                 config = SweepConfig(
-                    name=name or f"{suite} x {','.join(s['name'] for s in specs)}",
+                    name=name or f"{suite} x {','.join(str(s['name']) for s in specs)}",
                     suite=suite,
                     arms=[ArmSpec.model_validate(s) for s in specs],
                     attempts=attempts,
