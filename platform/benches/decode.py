@@ -1,0 +1,243 @@
+"""``lumotree bench decode``: one AR decode step of a random-weight model against the weight-read floor.
+
+The model is the serving ``HybridModel`` with random weights initialised directly on the device
+(``--shapes 27b`` is the paper's target: 64 layers = 16 x (3 GDN + 1 gated attention), hidden 5120,
+FFN 17408, vocab 248320).
+The floor is the bytes of the weights a decode step reads (every linear layer and the lm_head) divided by the
+measured device copy bandwidth; the step is timed eagerly and as a CUDA graph replay.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "27b": dict(
+        vocab_size=248320, hidden_size=5120, intermediate_size=17408,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 16,
+        num_attention_heads=24, num_key_value_heads=4, head_dim=256,
+        linear_num_key_heads=16, linear_num_value_heads=48,
+        linear_key_head_dim=128, linear_value_head_dim=128, partial_rotary_factor=0.25,
+    ),
+    "tiny": dict(
+        vocab_size=300, hidden_size=64, intermediate_size=128,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        partial_rotary_factor=0.25,
+    ),
+}  # fmt: skip
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    qs = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else [ms[0]] * 9
+    return {"median_ms": statistics.median(ms), "p10_ms": qs[0], "p90_ms": qs[-1], "n": len(ms)}
+
+
+def _timer(device: Any) -> Any:
+    """Returns time_fn(fn) -> milliseconds of one call, with CUDA events on a GPU, perf_counter elsewhere."""
+    import torch
+
+    if device.type == "cuda":
+
+        def timed(fn: Any) -> float:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return float(a.elapsed_time(b))
+
+        return timed
+
+    def timed_cpu(fn: Any) -> float:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+
+    return timed_cpu
+
+
+def copy_bandwidth(device: Any, nbytes: int, repeats: int = 20) -> float:
+    """Device copy bandwidth in bytes/s (bytes read + bytes written per second, median of ``repeats``)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timed = _timer(device)
+    for _ in range(3):
+        dst.copy_(src)
+    ms = statistics.median(timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * nbytes / (ms / 1e3)
+
+
+def random_model(shapes: str, device: Any, dtype: Any) -> Any:
+    """A ``HybridModel`` with the named shapes, random weights made directly on ``device``."""
+    import torch
+    from lumotree.serving.config import ModelConfig
+    from lumotree.serving.loader import build_empty
+
+    cfg = ModelConfig(**{**SHAPES[shapes], "layer_types": tuple(SHAPES[shapes]["layer_types"])})
+    model = build_empty(cfg, device, dtype)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape, device=device).uniform_(1, 16, generator=gen).log())
+            elif name.endswith(("dt_bias", "linear_attn.norm.weight")):
+                p.fill_(1.0)
+            elif p.dim() == 1:
+                p.zero_()  # zero-centred RMSNorm weights: scale 1
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def weight_read_bytes(model: Any) -> int:
+    """Bytes a decode step streams: every matrix except the embedding table (one row is read) and the MTP
+    head; a tied lm_head counts once."""
+    seen, total = set(), 0
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if name.startswith("mtp.") or p.dim() < 2 or id(p) in seen:
+            continue
+        if name == "embed_tokens.weight" and not model.config.tie_word_embeddings:
+            continue
+        seen.add(id(p))
+        total += p.numel() * p.element_size()
+    return total
+
+
+def run(
+    shapes: str,
+    batch: int,
+    context: int,
+    device_name: str,
+    dtype_name: str,
+    warmup: int,
+    iters: int,
+    graph: bool,
+) -> dict[str, Any]:
+    import torch
+    from lumotree.serving.cache import CacheConfig, StateCaches
+
+    device = torch.device(device_name)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    torch.manual_seed(0)
+    model = random_model(shapes, device, dtype)
+    cfg = model.config
+    block = 16
+    blocks_per_seq = (context + 1 + block - 1) // block
+    caches = StateCaches(
+        cfg,
+        CacheConfig(
+            max_seqs=batch + 1, num_blocks=blocks_per_seq * batch + 4, block_size=block, mtp_kv=False
+        ),
+        device, dtype,
+    )  # fmt: skip
+    for s in range(batch):
+        caches.allocate(s, context + 1)
+    # Decode at position `context` over a KV prefix of `context` tokens; every timed step rewrites that slot.
+    decode = caches.make_batch(
+        "decode", list(range(batch)), [[1 + s] for s in range(batch)], [context] * batch
+    )
+    timed = _timer(device)
+    out: dict[str, Any] = {
+        "bench": "decode", "shapes": shapes, "batch": batch, "context": context, "dtype": dtype_name,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "layers": cfg.num_layers,
+        "params": sum(p.numel() for p in model.parameters()),
+    }  # fmt: skip
+
+    # A short prefill first, so the chunked path is exercised on this device too.
+    t = time.perf_counter()
+    caches.allocate("prefill", 64)
+    model(caches.make_batch("prefill", ["prefill"], [list(range(64))], [0]), caches)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    out["prefill64_s"] = time.perf_counter() - t
+    caches.free("prefill")
+
+    def step() -> Any:
+        return model.compute_logits(model(decode, caches))
+
+    for _ in range(warmup):
+        step()
+    out["eager"] = _stats([timed(step) for _ in range(iters)])
+    if graph and device.type == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        for _ in range(warmup):
+            g.replay()
+        out["graph"] = _stats([timed(g.replay) for _ in range(iters)])
+    else:
+        out["graph"] = None
+        out["graph_skipped"] = "CUDA graphs need a CUDA device" if graph else "--no-graph"
+    wbytes = weight_read_bytes(model)
+    bw = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 24)
+    floor_ms = wbytes / bw * 1e3
+    best = out["graph"] or out["eager"]
+    out.update(
+        weight_bytes=wbytes, copy_bandwidth_GBps=bw / 1e9, floor_ms=floor_ms,
+        ratio_to_floor=best["median_ms"] / floor_ms, ratio_mode="graph" if out["graph"] else "eager",
+        eager_ratio_to_floor=out["eager"]["median_ms"] / floor_ms,
+    )  # fmt: skip
+    return out
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("decode")
+    def decode(
+        shapes: str = typer.Option("27b", "--shapes", help=f"Model shapes: {', '.join(SHAPES)}."),
+        batch: int = typer.Option(1, "--batch", min=1, help="Sequences decoded per step."),
+        context: int = typer.Option(1024, "--context", min=0, help="Tokens already in each sequence's KV."),
+        device: str = typer.Option(None, "--device", help="cuda or cpu (default: cuda when available)."),
+        dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
+        warmup: int = typer.Option(20, "--warmup", min=0),
+        iters: int = typer.Option(100, "--iters", min=1),
+        graph: bool = typer.Option(True, "--graph/--no-graph", help="Also time a CUDA graph of the step."),
+        as_json: bool = typer.Option(False, "--json", help="Print only the JSON result."),
+        out: Path = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    ) -> None:
+        """Time one decode step (forward + logits) of a random-weight model against the weight-read floor."""
+        import torch
+        from rich.console import Console
+
+        console = Console(stderr=True, quiet=as_json)
+        if shapes not in SHAPES:
+            console.print(f"[red]--shapes must be one of {', '.join(SHAPES)}[/]")
+            raise typer.Exit(2)
+        if dtype not in ("bf16", "fp16", "fp32"):
+            console.print("[red]--dtype must be bf16, fp16 or fp32[/]")
+            raise typer.Exit(2)
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            console.print("[red]no CUDA device here; pass --device cpu (with --shapes tiny)[/]")
+            raise typer.Exit(2)
+        with console.status(f"decode bench: {shapes} shapes, batch {batch}, context {context} on {dev}"):
+            result = run(shapes, batch, context, dev, dtype, warmup, iters, graph)
+        text = json.dumps(result, indent=2)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text + "\n")
+        if as_json:
+            print(text)
+        else:
+            best = result["graph"] or result["eager"]
+            console.print(
+                f"floor {result['floor_ms']:.3f} ms ({result['weight_bytes'] / 1e9:.2f} GB at "
+                f"{result['copy_bandwidth_GBps']:.0f} GB/s); eager {result['eager']['median_ms']:.3f} ms; "
+                f"{result['ratio_mode']} {best['median_ms']:.3f} ms = {result['ratio_to_floor']:.2f} x floor"
+            )
