@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
-
 from lumotree.platform.cli import app
+from typer.testing import CliRunner
 
 
 def test_engine_bench_tiny_cpu(tmp_path) -> None:
