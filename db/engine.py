@@ -16,12 +16,12 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 ENV_URL = "LUMOTREE_DB_URL"
-DEFAULT_FILE = "lumotree.db"
+DEFAULT_FILE = "runs/lumotree.db"  # the sweep command's default too: the dashboard finds its results
 BUSY_TIMEOUT_MS = 30_000
 
 
 def default_url() -> str:
-    """``$LUMOTREE_DB_URL`` or the SQLite file ``lumotree.db`` in the current directory."""
+    """``$LUMOTREE_DB_URL`` or the SQLite file ``runs/lumotree.db`` under the current directory."""
     return os.environ.get(ENV_URL) or f"sqlite:///{Path(DEFAULT_FILE).resolve()}"
 
 

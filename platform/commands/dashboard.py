@@ -9,7 +9,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def dashboard(
         db: str = typer.Option(
-            None, "--db", help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./lumotree.db)."
+            None,
+            "--db",
+            help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./runs/lumotree.db).",
         ),
         host: str = typer.Option(
             "127.0.0.1", "--host", help="Interface to bind (0.0.0.0 to serve the network)."

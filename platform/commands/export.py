@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
         ),
         out: Path = typer.Option(..., "--out", help="Output folder (created if missing)."),
         db: str = typer.Option(
-            None, "--db", help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./lumotree.db)."
+            None,
+            "--db",
+            help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./runs/lumotree.db).",
         ),
     ) -> None:
         """Export a sweep: mini-swe-agent .traj.json per attempt (traj), the append-only agent event log
