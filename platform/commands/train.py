@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         ),
         tiny: bool = typer.Option(False, "--tiny", help="test-sized model and corpus (seconds on CPU)"),
     ) -> None:
-        """Train lumo-tiny: tokenizer, trunk with its MTP layer, EAGLE head; export HF layout + MODEL_CARD.md."""
+        """Train lumo-tiny: tokenizer, trunk with its MTP layer, EAGLE head; export (HF layout) + card."""
         from lumotree.serving.train.cli import COMMANDS, make_config
         from lumotree.serving.train.pipeline import run
         from rich.console import Console

@@ -1,13 +1,14 @@
 """EAGLE-style feature-level draft head for the hybrid target (weights in ``<model>/eagle/``).
 
-Row t: ``fc([embed(token_{t+1}), f_t])`` -> one full-attention decoder layer -> ``norm`` -> the target's shared
-lm_head, where ``f_t`` is the target's hidden state at t (after its final norm) or, when drafting a chain, the
-head's own previous output. The head predicts ``f_{t+1}`` and token t+2. Row t takes position t (vLLM's
-convention). The Qwen3.5 MTP layer is the same shape with RMSNorms in front of ``fc``, so one class serves both.
+Row t: ``fc([embed(token_{t+1}), f_t])`` -> one full-attention decoder layer -> ``norm`` -> the target's
+shared lm_head, where ``f_t`` is the target's hidden state at t (after its final norm) or, when drafting a
+chain, the head's own previous output. The head predicts ``f_{t+1}`` and token t+2. Row t takes position t
+(vLLM's convention). Qwen3.5's MTP layer is the same shape with RMSNorms in front of ``fc``: one class serves
+both.
 
-Checkpoint: ``eagle/config.json`` is a ``qwen3_5_text`` config with one ``full_attention`` layer (so the serving
-``ModelConfig`` parses it and the serving decoder layer can be built from it) plus an ``eagle`` block;
-``eagle/model.safetensors`` holds ``fc.weight``, ``layers.0.*`` and ``norm.weight`` (no embedding, no lm_head).
+Checkpoint: ``eagle/config.json`` is a ``qwen3_5_text`` config with one ``full_attention`` layer (so the
+serving ``ModelConfig`` parses it and the serving decoder layer can be built from it) plus an ``eagle`` block;
+``eagle/model.safetensors`` holds ``fc.weight``, ``layers.0.*`` and ``norm.weight`` (no embedding or lm_head).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class FeatureHead(nn.Module):
 
 
 def eagle_config(target_config: dict[str, Any], intermediate_size: int) -> dict[str, Any]:
-    """eagle/config.json from the target's config.json: the same attention shapes, one full-attention layer."""
+    """eagle/config.json from the target's config.json: its attention shapes, one full-attention layer."""
     cfg = dict(target_config)
     cfg.update(
         architectures=["LumoEagleHead"],
@@ -99,7 +100,7 @@ class EagleHead(nn.Module):
     def forward(
         self, next_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
-        """[B, T, H] x2, positions [B, T] -> predicted next features [B, T, H] (feed to the target lm_head)."""
+        """[B, T, H] x2, positions [B, T] -> predicted next features [B, T, H] (for the target lm_head)."""
         return self.head(next_embeds, features, self.rope(features, positions))
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -25,14 +25,16 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
     lines = [
         "# lumo-tiny",
         "",
-        "A small Qwen3.5-architecture code model (Gated DeltaNet + gated attention hybrid) with one MTP layer and",
-        "an EAGLE draft head, trained from scratch by `lumotree train all`. It exists so that every command has an",
-        "offline default whose speculative drafts are really accepted; it is not a useful assistant.",
+        "A small Qwen3.5-architecture code model (Gated DeltaNet + gated attention hybrid) with one MTP",
+        "layer and an EAGLE draft head, trained from scratch by `lumotree train all`. It exists so that",
+        "every command has an offline default whose speculative drafts are really accepted; it is not a",
+        "useful assistant.",
         "",
         "## Architecture",
         "",
         f"- `qwen3_5_text`: vocab {dims['vocab_size']}, hidden {dims['hidden_size']}, "
-        f"{dims['num_hidden_layers']} layers ({', '.join(m['layer_types'])}), SwiGLU {dims['intermediate_size']}",
+        f"{dims['num_hidden_layers']} layers ({', '.join(m['layer_types'])}), "
+        f"SwiGLU {dims['intermediate_size']}",
         f"- GDN: {dims['linear_num_key_heads']} key heads x {dims['linear_key_head_dim']}, "
         f"{dims['linear_num_value_heads']} value heads x {dims['linear_value_head_dim']}, conv "
         f"{dims['linear_conv_kernel_dim']}",
@@ -49,13 +51,15 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
         "## Tokenizer",
         "",
         f"Byte-level BPE, {m['tokenizer']['vocab_size']} tokens, Qwen2 split pattern, special tokens "
-        f"{', '.join(m['tokenizer']['special_tokens'])}; ChatML chat template (`<|im_start|>role\\n...<|im_end|>`),"
+        f"{', '.join(m['tokenizer']['special_tokens'])}; ChatML chat template "
+        "(`<|im_start|>role\\n...<|im_end|>`),"
         f" eos `<|im_end|>`. Fitted on {m['tokenizer']['sample_bytes']:,} bytes of training text.",
         "",
         "## Corpus",
         "",
         f"Python files of the training machine's interpreter (stdlib and site-packages; Python "
-        f"{corpus['python']}), taken in sha256-of-path order up to {corpus['max_total_bytes']:,} bytes, split "
+        f"{corpus['python']}), taken in sha256-of-path order up to {corpus['max_total_bytes']:,} bytes, "
+        "split "
         f"by file: held out when sha256(path) % 100 < {corpus['heldout_percent']}. "
         f"{int(cfg['corpus']['chat_fraction'] * 100)}% of the documents are synthetic bash-agent transcripts "
         "built from those files (real command outputs: head/cat, sed ranges, grep -n, a heredoc edit and its "
@@ -76,20 +80,24 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
         "",
         f"- hardware: {m['hardware']}; torch {m['torch']}; seed {cfg['seed']}",
         f"- AdamW (lr {cfg['optim']['lr']}, betas {tuple(cfg['optim']['betas'])}, weight decay "
-        f"{cfg['optim']['weight_decay']}), warmup + cosine, batch {cfg['batch_size']} x {cfg['seq_len']} tokens"
+        f"{cfg['optim']['weight_decay']}), warmup + cosine, "
+        f"batch {cfg['batch_size']} x {cfg['seq_len']} tokens"
         + (f", {cfg['dtype']} autocast" if cfg["device"].startswith("cuda") else ", float32"),
-        f"- trunk + MTP jointly: {model.get('steps', 0):,} steps, {model.get('tokens_seen', 0):,} tokens seen, "
+        f"- trunk + MTP jointly: {model.get('steps', 0):,} steps, "
+        f"{model.get('tokens_seen', 0):,} tokens seen, "
         f"{_f(model.get('seconds', 0.0), 1)} s; loss = next-token CE + {cfg['mtp_loss_weight']} x MTP CE "
         f"(unrolled to depth {cfg['mtp_train_depth']})",
         f"- EAGLE head on the frozen trunk: {eagle.get('steps', 0):,} steps, {eagle.get('tokens_seen', 0):,}"
         f" tokens, {_f(eagle.get('seconds', 0.0), 1)} s; loss = KL to the trunk's distribution + "
-        f"{cfg['eagle_feature_weight']} x smooth-L1 feature regression (unrolled to depth {cfg['eagle_train_depth']})",
+        f"{cfg['eagle_feature_weight']} x smooth-L1 feature regression "
+        f"(unrolled to depth {cfg['eagle_train_depth']})",
         "",
         "## Held-out results",
         "",
         f"Over {model.get('heldout_tokens', 0):,} held-out tokens (fixed windows):",
         "",
-        f"- next-token loss {_f(mh.get('lm', float('nan')))} nats, perplexity {_f(mh.get('ppl', float('nan')), 3)}",
+        f"- next-token loss {_f(mh.get('lm', float('nan')))} nats, "
+        f"perplexity {_f(mh.get('ppl', float('nan')), 3)}",
         f"- MTP cross-entropy: {_depths(mh, 'ce')}",
         f"- MTP argmax = trunk argmax (greedy acceptance proxy): {_depths(mh, 'agree')}",
         f"- EAGLE argmax = trunk argmax: {_depths(eh, 'agree')}",
@@ -104,7 +112,8 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
         ]
     else:
         lines.append(
-            "Not measured in this run: measure with the arms on `heldout_prompts.jsonl` (greedy, MTP-5, EAGLE, "
+            "Not measured in this run: measure with the arms on `heldout_prompts.jsonl` "
+            "(greedy, MTP-5, EAGLE, "
             "LumoTree hydra27) and record the result here."
         )
     lines += ["", "## Files", "", "| file | bytes | sha256 |", "|---|---|---|"]

@@ -1,4 +1,4 @@
-"""Command-line surface shared by ``lumotree train`` and ``python -m lumotree.serving.train`` (no typer needed)."""
+"""Command line shared by ``lumotree train`` and ``python -m lumotree.serving.train`` (no typer needed)."""
 
 from __future__ import annotations
 

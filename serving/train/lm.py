@@ -1,4 +1,4 @@
-"""The network that training optimizes: the Qwen3.5 text model plus its MTP layer, in Hugging Face weight names.
+"""The network training optimizes: the Qwen3.5 text model plus its MTP layer, in Hugging Face weight names.
 
 Training needs a cache-free, full-sequence, differentiable forward. transformers' ``Qwen3_5ForCausalLM`` is
 exactly that (and the oracle our serving model is tested against), so the trunk is built from it; the MTP
@@ -96,14 +96,14 @@ class TrainLM(nn.Module):
         return self.lm.model.rotary_emb(x, pos)
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] -> [B, T, H] trunk output after the final norm (what the serving model's forward returns)."""
+        """[B, T] -> [B, T, H] trunk output after the final norm (as the serving model's forward returns)."""
         return self.lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm.lm_head(hidden)
 
     def mtp_step(self, next_embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """One MTP pass: embeddings of tokens t+1 and features at t -> MTP features (logits via ``logits``)."""
+        """One MTP pass: embeddings of tokens t+1, features at t -> MTP features (logits via ``logits``)."""
         assert self.mtp is not None, "config has no MTP layer"
         return self.mtp(next_embeds, hidden, self.rope(hidden))
 

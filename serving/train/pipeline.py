@@ -121,7 +121,8 @@ def run(
             "heldout_percent": cfg.corpus.heldout_percent,
         }
         echo(
-            f"tokens: train {data.train.numel():,}, held-out {data.heldout.numel():,} ({time.perf_counter() - t0:.1f} s)"
+            f"tokens: train {data.train.numel():,}, held-out {data.heldout.numel():,} "
+            f"({time.perf_counter() - t0:.1f} s)"
         )
         model_budget, eagle_budget = _budgets(cfg)
         if "model" in stages:

@@ -81,4 +81,6 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int) -> None:
 
 def eos_ids(tok: Tokenizer) -> list[int]:
     """End-of-turn and end-of-text, the generation stops of the built-in model."""
-    return [tok.token_to_id(IM_END), tok.token_to_id(ENDOFTEXT)]
+    ids = [tok.token_to_id(IM_END), tok.token_to_id(ENDOFTEXT)]
+    assert all(i is not None for i in ids), "special tokens missing from the vocabulary"
+    return [int(i) for i in ids if i is not None]

@@ -34,7 +34,7 @@ Log = Callable[[dict[str, Any]], None]
 
 @dataclass
 class Budget:
-    """Stop after ``steps`` steps, or (steps = 0) after ``seconds`` of wall time; ``progress`` drives the LR."""
+    """Stop after ``steps`` steps, or (steps = 0) after ``seconds`` of wall time; ``progress`` drives LR."""
 
     steps: int
     seconds: float
@@ -61,7 +61,8 @@ def lr_factor(step: int, progress: float, optim: OptimConfig, warmup: int) -> fl
 
 
 def make_optimizer(module: nn.Module, optim: OptimConfig, device: str) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, p in module.named_parameters():
         if not p.requires_grad:
             continue
@@ -116,7 +117,7 @@ def _head_losses(
 
 
 def model_losses(lm: TrainLM, window: torch.Tensor, seq: int, depth: int) -> dict[str, torch.Tensor]:
-    """Losses on a window batch [B, seq + depth + 1]: ``lm`` (next token), ``ce{d}``/``agree{d}`` (MTP depth d),
+    """Losses on a window batch [B, seq + depth + 1]: ``lm`` (next token), ``ce{d}``/``agree{d}`` (MTP d),
     ``loss`` (the sum the optimizer sees, MTP depths weighted by ``mtp_weight``, set by the caller)."""
     h = lm.hidden(window[:, : seq + depth])
     out = {"lm": ce(lm.logits(h[:, :seq]), window[:, 1 : seq + 1])}
