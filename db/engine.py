@@ -52,6 +52,7 @@ def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
     connect_args = kwargs.pop("connect_args", {})
     connect_args.setdefault("timeout", BUSY_TIMEOUT_MS / 1000)
     connect_args.setdefault("check_same_thread", False)
+    busy_ms = int(connect_args["timeout"] * 1000)
     engine = create_engine(url, connect_args=connect_args, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -60,7 +61,7 @@ def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
