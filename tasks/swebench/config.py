@@ -37,6 +37,8 @@ class SwebenchConfig:
     network: bool = field(default_factory=lambda: _env_flag("LUMOTREE_SWEBENCH_NETWORK"))
     # Preferred order of sources of the base state; sources needing the network are skipped without it.
     sources: tuple[str, ...] = ("prebuilt", "git", "release")
+    # Clone URL of a repository (``{repo}`` is ``owner/name``), used by the ``git`` source.
+    git_url: str = "https://github.com/{repo}.git"
     # Only instances of this repository are served by this suite.
     repo: str = "astropy/astropy"
     # Package index project holding the repository's source releases.

@@ -25,8 +25,10 @@ WHEELS = "/opt/wheels"
 SANDBOX_OWNER = "1000:1000"  # the sandbox user owns /testbed (tasks.sandbox.SANDBOX_UID)
 BUILD_PACKAGES = ("gcc", "g++", "make", "libc6-dev", "python3-dev")
 # Manylinux tags a bullseye system (glibc 2.31) accepts, newest first.
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux2010_x86_64")
-PLATFORMS += ("manylinux1_x86_64",)
+PLATFORMS: tuple[str, ...] = (
+    "manylinux_2_28_x86_64", "manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+)  # fmt: skip
 # Files whose change needs the compiled extensions rebuilt.
 COMPILED_SUFFIXES = (".c", ".h", ".pyx", ".pxd", ".cpp")
 GIT = "git -c user.name=lumotree -c user.email=lumotree@localhost"
@@ -100,6 +102,8 @@ def testbed_image(config: SwebenchConfig, era: Era, version: str, sdist: Path, l
 mkdir -p /testbed && tar -xzf /tmp/release.tar.gz -C /testbed --strip-components=1 && rm /tmp/release.tar.gz
 cd /testbed
 {fixes}
+# The build must see the release's own version, not one made up from our fresh git history.
+export SETUPTOOLS_SCM_PRETEND_VERSION={version}
 git init -q && {GIT} add -A -f && {GIT} commit -q -m 'release {version}'
 {install_command(era)}
 python -c 'import astropy, sys; print("built astropy", astropy.__version__, file=sys.stderr)'
@@ -146,3 +150,41 @@ chown -R {SANDBOX_OWNER} /testbed
         name="swebench-instance", base=testbed, script=script, files=files, inputs={"label": label}
     )
     return build_layer(spec, log=log)
+
+
+def git_image(config: SwebenchConfig, era: Era, repo: str, commit: str, log: Any = None) -> str:
+    """The repository cloned at ``commit`` into /testbed and built (needs the network while building)."""
+    script = f"""
+git clone -q {shlex.quote(config.git_url.format(repo=repo))} /testbed
+cd /testbed && git checkout -q {shlex.quote(commit)}
+{chr(10).join(era.source_fixes)}
+{install_command(era)}
+git ls-files --others --exclude-standard | sed 's|^|/|' >> .git/info/exclude
+{GIT} add -A && ({GIT} diff --cached --quiet || {GIT} commit -q -m 'build outputs')
+chown -R {SANDBOX_OWNER} /testbed
+"""
+    spec = LayerSpec(
+        name="swebench-git",
+        base=env_image(config, era, log),
+        script=script,
+        inputs={"repo": repo, "commit": commit},
+    )
+    return build_layer(spec, timeout=config.build_timeout, log=log)
+
+
+def prebuilt_image(image: str, log: Any = None) -> str:
+    """SWE-bench's official image adapted to our layout (its conda env as /opt/venv, /testbed to the sandbox
+    user); pulling it needs a reachable registry."""
+    from lumotree.tasks.rootfs import docker_client, image_exists
+
+    if not image_exists(image):
+        docker_client().images.pull(image)
+    script = f"""
+ln -sfn /opt/miniconda3/envs/testbed /opt/venv
+getent passwd 1000 >/dev/null || useradd -u 1000 -M -d /tmp sandbox
+git config --system --add safe.directory '*'
+chown -R {SANDBOX_OWNER} /testbed
+"""
+    return build_layer(
+        LayerSpec(name="swebench-prebuilt", base=image, script=script, inputs={"image": image}), log=log
+    )

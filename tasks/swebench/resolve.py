@@ -24,7 +24,7 @@ from typing import Any
 from lumotree.tasks.api import Instance, grade
 from lumotree.tasks.rootfs import build_lock, content_hash, image_exists
 from lumotree.tasks.swebench.config import SwebenchConfig
-from lumotree.tasks.swebench.images import instance_image, testbed_image
+from lumotree.tasks.swebench.images import git_image, instance_image, prebuilt_image, testbed_image
 from lumotree.tasks.swebench.releases import (
     Release,
     candidate_releases,
@@ -57,15 +57,16 @@ class Resolution:
 
     instance_id: str
     key: str  # content hash of what the decision depends on
-    source: str  # "release"
-    release: str
-    direction: str  # "F": gold applied forward (the release has the bug); "R": gold and tests reversed
+    source: str  # "prebuilt", "git" or "release"
+    release: str  # the release (source "release"), the base commit ("git") or the official image ("prebuilt")
+    direction: str  # "F": gold applied forward (the release has the bug); "R": reversed; "" other sources
     era: str
     image: str
     attempts: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        assert self.direction in ("F", "R") and self.image
+        assert self.direction in ("F", "R", "") and self.image
+        assert (self.source == "release") == (self.direction != ""), "only releases have a direction"
 
 
 def instance_key(instance: Instance) -> str:
@@ -155,12 +156,63 @@ def resolve(instance: Instance, config: SwebenchConfig, *, log: Any = None) -> R
     if done is not None:
         return done
     say = log or (lambda _msg: None)
-    if "release" not in config.usable_sources():
-        raise ResolveError(f"{instance.instance_id}: no usable source among {config.sources}")
+    attempts: list[Attempt] = []
+    for source in config.usable_sources():
+        if source == "release":
+            return _from_releases(instance, config, attempts, say, log)
+        res = _from_network(instance, config, source, attempts, log)
+        if res is not None:
+            return _save(config, instance, res, attempts)
+    raise ResolveError(f"{instance.instance_id}: no usable source validated: {_summary(attempts)}")
+
+
+def _save(config: SwebenchConfig, instance: Instance, res: Resolution, attempts: list[Attempt]) -> Resolution:
+    res.attempts = attempts
+    path = _record_path(config, instance)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(res), indent=1))
+    return res
+
+
+def _summary(attempts: list[Attempt]) -> str:
+    tried = [a for a in attempts if a.outcome != "static"]
+    return "; ".join(
+        f"{a.release} {a.direction}: {a.outcome}: {a.reason[:300]}".replace("  ", " ") for a in tried
+    )
+
+
+def _from_network(
+    instance: Instance, config: SwebenchConfig, source: str, attempts: list[Attempt], log: Any
+) -> Resolution | None:
+    """The official image, or a clone at the base commit; None (with the reason recorded) when unusable."""
+    era = era_for(instance.version.lstrip("v") or "0")
+    try:
+        if source == "prebuilt":
+            if not instance.image:
+                attempts.append(Attempt("prebuilt", "", "build", "the instance names no image"))
+                return None
+            image, what = prebuilt_image(instance.image, log=log), instance.image
+        else:
+            image = git_image(config, era, instance.repo, instance.base_commit, log=log)
+            what = instance.base_commit
+    except Exception as exc:  # noqa: BLE001 - an unreachable registry or host: fall through to the next source
+        attempts.append(Attempt(source, "", "build", f"{type(exc).__name__}: {str(exc)[-300:]}"))
+        return None
+    why = check_validity(instance, image, config)
+    attempts.append(Attempt(source, "", "valid" if not why else "invalid", why))
+    return (
+        None
+        if why
+        else Resolution(instance.instance_id, instance_key(instance), source, what, "", era.name, image)
+    )
+
+
+def _from_releases(
+    instance: Instance, config: SwebenchConfig, attempts: list[Attempt], say: Any, log: Any
+) -> Resolution:
     releases = candidate_releases(
         list_releases(config), instance.version, instance.created_at, config.window_days
     )
-    attempts: list[Attempt] = []
     survivors = []
     for rel in releases:
         directions, why = check_release(instance, _source_tree(config, rel))
@@ -197,14 +249,10 @@ def resolve(instance: Instance, config: SwebenchConfig, *, log: Any = None) -> R
         res = Resolution(
             instance.instance_id, instance_key(instance), "release", rel.version, label, era.name, image
         )
-        res.attempts = attempts
-        path = _record_path(config, instance)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(res), indent=1))
-        return res
+        return _save(config, instance, res, attempts)
     tried = [a for a in attempts if a.outcome != "static"]
-    summary = "; ".join(f"{a.release} {a.direction}: {a.outcome}: {a.reason[:300]}" for a in tried)
-    statics = len(attempts) - len(tried)
+    summary = _summary(attempts)
+    statics = sum(a.outcome == "static" for a in attempts)
     raise ResolveError(
         f"{instance.instance_id}: no release validated ({len(releases)} near its date, {statics} rejected by "
         f"the static checks, {len(order)} passed them, {len(tried)} tried): {summary or 'nothing to try'}"

@@ -52,7 +52,7 @@ def patch_files(patch: str) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def test_name(test_id: str) -> tuple[str, str] | None:
+def split_test_id(test_id: str) -> tuple[str, str] | None:
     """(file, function) of a pytest id such as ``a/b/test_x.py::TestC::test_y[p1]``; None for other shapes."""
     if "::" not in test_id:
         return None
@@ -104,7 +104,7 @@ def _direction(workdir: Path, patch: str) -> str | None:
 def check_release(instance: Instance, src: Path) -> tuple[Directions | None, str]:
     """Directions of the instance's patches against the source tree ``src``, or None and the reason."""
     files = set(patch_files(instance.patch)) | set(patch_files(instance.test_patch))
-    files |= {t[0] for t in map(test_name, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]) if t}
+    files |= {t[0] for t in map(split_test_id, [*instance.FAIL_TO_PASS, *instance.PASS_TO_PASS]) if t}
     with tempfile.TemporaryDirectory(prefix="lumotree-swe-check-") as tmp:
         work = Path(tmp)
         for rel in files:
@@ -133,7 +133,7 @@ def check_release(instance: Instance, src: Path) -> tuple[Directions | None, str
 
 
 def _test_defined(root: Path, test_id: str, tree: Path) -> bool:
-    parsed = test_name(test_id)
+    parsed = split_test_id(test_id)
     if parsed is None:
         return True  # not a pytest id: nothing to check statically
     path, func = parsed

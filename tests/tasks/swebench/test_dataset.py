@@ -6,11 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from lumotree.tasks.api import InstanceError, get_suite
+from lumotree.tasks.swebench import specs
 from lumotree.tasks.swebench.config import SwebenchConfig
 from lumotree.tasks.swebench.dataset import load_swebench
-from lumotree.tasks.swebench import specs
 
 
 def _rows(shared_data: Path) -> list[dict]:
@@ -44,10 +43,16 @@ def test_suite_is_registered_with_default_dataset(shared_data: Path) -> None:
 
 def test_older_rows_without_v5_fields(shared_data: Path, tmp_path: Path) -> None:
     rows = _rows(shared_data)
-    old = [{k: v for k, v in r.items() if k not in ("eval_script", "image", "log_parser", "eval_type")} for r in rows]
+    old = [
+        {k: v for k, v in r.items() if k not in ("eval_script", "image", "log_parser", "eval_type")}
+        for r in rows
+    ]
     insts = load_swebench(SwebenchConfig(dataset=str(_write(tmp_path / "old.jsonl", old))))
     assert len(insts) == 16 and all(i.eval_script is None and i.image is None for i in insts)
-    new = {i.instance_id: i for i in load_swebench(SwebenchConfig(dataset=str(_write(tmp_path / "new.jsonl", rows))))}
+    new = {
+        i.instance_id: i
+        for i in load_swebench(SwebenchConfig(dataset=str(_write(tmp_path / "new.jsonl", rows))))
+    }
     for inst in insts:
         # Without an eval script the command follows SWE-bench's specs; it runs the same test files.
         assert specs.test_command(inst).split()[-1] == specs.test_command(new[inst.instance_id]).split()[-1]
@@ -55,9 +60,7 @@ def test_older_rows_without_v5_fields(shared_data: Path, tmp_path: Path) -> None
 
 
 def test_command_comes_from_the_eval_script(shared_data: Path) -> None:
-    for row in _rows(shared_data):
-        inst = load_swebench(SwebenchConfig(dataset=str(shared_data / "swebench" / "astropy.jsonl")))[0]
-        break
+    inst = load_swebench(SwebenchConfig(dataset=str(shared_data / "swebench" / "astropy.jsonl")))[0]
     lines = inst.eval_script.splitlines()
     i = next(n for n, line in enumerate(lines) if "Start Test Output" in line)
     assert specs.test_command(inst) == lines[i + 1].strip()
