@@ -92,30 +92,58 @@ def _tree_scan_kernel(
         row = tl.load(h0_idx + (-s0 - 1)).to(tl.int64)
         b_h = tl.load(h0 + (row * HV + i_hv) * K * V + tile, mask=mask_h, other=0).to(tl.float32)
 
+    # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes: they do not
+    # depend on the state, so their memory latency leaves the sequential chain. The math per step is fla's.
+    base = nodes + i_p * L
+    last = n_len - 1
+    n_cur = tl.load(base).to(tl.int64)
+    n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
+    p_q, p_k, p_v = (
+        q + (n_cur * H + i_h) * K + o_k,
+        k + (n_cur * H + i_h) * K + o_k,
+        v + (n_cur * HV + i_hv) * V + o_v,
+    )
+    nb_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+    nb_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+    nb_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    nb_g = tl.load(g + n_cur * HV + i_hv).to(tl.float32)
+    nb_beta = tl.load(beta + n_cur * HV + i_hv).to(tl.float32)
     for t in range(0, n_len):
-        node = tl.load(nodes + i_p * L + t).to(tl.int64)
-        b_q = tl.load(q + (node * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        b_k = tl.load(k + (node * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        b_v = tl.load(v + (node * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        node = n_cur
+        b_q, b_k, b_v, b_g, b_beta = nb_q, nb_k, nb_v, nb_g, nb_beta
+        n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
+        nb_q = tl.load(q + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        nb_k = tl.load(k + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        nb_v = tl.load(v + (n_nxt * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        nb_g = tl.load(g + n_nxt * HV + i_hv).to(tl.float32)
+        nb_beta = tl.load(beta + n_nxt * HV + i_hv).to(tl.float32)
+        n_cur, n_nxt = n_nxt, n_after
+        w = tl.load(write + i_p * L + t)
+        c = tl.load(cutidx + i_p * L + t).to(tl.int64)
+
         if USE_QK_L2NORM_IN_KERNEL:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
         b_q = b_q * scale
-        b_beta = tl.load(beta + node * HV + i_hv).to(tl.float32)
-        b_g = tl.load(g + node * HV + i_hv).to(tl.float32)
         b_h *= tl.exp(b_g)
         b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
         b_h += b_k[:, None] * b_v
         b_o = tl.sum(b_h * b_q[:, None], 0)
-        w = tl.load(write + i_p * L + t)
         if w != 0:
             tl.store(o + (node * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
-        c = tl.load(cutidx + i_p * L + t).to(tl.int64)
         if c >= 0:
             tl.store(cut + (c * HV + i_hv) * K * V + tile, b_h, mask=mask_h)
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def _identity_rows(device: torch.device, n: int) -> torch.Tensor:
+    """0..n-1 on the device, kept (no per-call kernel: it matters inside CUDA graphs of 48 layers)."""
+    key = (str(device), -n - 1)
+    if key not in _workspace:
+        _workspace[key] = torch.arange(n, device=device, dtype=torch.int32)
+    return _workspace[key]
 
 
 def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
@@ -147,6 +175,7 @@ def tree_gdn(
     output_node_states: bool = False,
     config: TreeScanConfig = DEFAULT_CONFIG,
     cut_buffer: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, None]:
     """Tree scan outputs o [1, R, HV, V]; see the module docstring for shapes and conventions.
 
@@ -156,7 +185,8 @@ def tree_gdn(
     parents/cu_seqlens are only read when ``plan`` is None (then planned once per topology, cached).
     state_indices [N_seq] int: row of ``initial_state`` for each sequence (None = row s for sequence s),
     so a layer's state pool slice can be passed without gathering. ``cut_buffer`` (fp32, at least
-    N_cut * HV * K * V elements) overrides the shared workspace. Node states are never returned.
+    N_cut * HV * K * V elements) overrides the shared workspace; ``out`` (like v) receives o. Node states
+    are never returned.
     """
     if output_node_states:
         raise ValueError("the Triton tree scan returns outputs only; use tree_gdn_ref for node states")
@@ -165,6 +195,7 @@ def tree_gdn(
         o, _ = tree_gdn(
             q[None], k[None], v[None], g[None], beta[None], parents, initial_state[None], scale, plan,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cut_buffer=cut_buffer,
+            out=None if out is None else out[None],
         )  # fmt: skip
         return o[0], None
     if plan is None:
@@ -183,8 +214,9 @@ def tree_gdn(
     device = q.device
     scale = K**-0.5 if scale is None else float(scale)
     if state_indices is None:
-        state_indices = torch.arange(plan.num_seqs, device=device, dtype=torch.int32)
-    o = torch.empty_like(v)
+        state_indices = _identity_rows(device, plan.num_seqs)
+    o = torch.empty_like(v) if out is None else out
+    assert o.shape == v.shape and o.is_contiguous()
     levels = plan.on(device)
     need = plan.num_cut * HV * K * V
     if cut_buffer is None:
@@ -222,3 +254,36 @@ def tree_gdn(
             num_stages=config.num_stages,
         )
     return o, None
+
+
+def native_replay_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float,
+) -> None:
+    """Publish: replay accepted steps through fla's fused-recurrent kernel, updating ``state`` in place.
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; g, beta [B, T, HV]; state [B, HV, K, V] fp32 contiguous (B may fold
+    layers x sequences). The very kernel of AR decoding, launched with its final-state output aliased to its
+    initial state (each program reads its tile once and writes it once at the end), so the result is bitwise
+    what ``fused_recurrent_gated_delta_rule(..., output_final_state=True)`` returns, without the temporary.
+    """
+    from fla.ops.gated_delta_rule.fused_recurrent import fused_recurrent_gated_delta_rule_fwd_kernel as kern
+
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    assert state.shape == (B, HV, K, V) and state.dtype == torch.float32 and state.is_contiguous()
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    BK = triton.next_power_of_2(K)
+    BV = min(8, triton.next_power_of_2(V))  # fla's choice: same tiles, same reduction order
+    o = torch.empty_like(v)
+    kern[(triton.cdiv(V, BV) * B * HV,)](
+        q=q, k=k, v=v, g=g, gk=None, gv=None, beta=beta, A_log=None, dt_bias=None, o=o, h0=state, ht=state,
+        cu_seqlens=None, scale=scale, T=T, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, IS_BETA_HEADWISE=True,
+        USE_QK_L2NORM_IN_KERNEL=False, APPLY_BETA_SIGMOID=False, ALLOW_NEG_EIGVAL=False, STATE_V_FIRST=False,
+        num_warps=1, num_stages=3,
+    )  # fmt: skip

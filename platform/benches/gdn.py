@@ -1,0 +1,402 @@
+"""``lumotree bench gdn``: the GDN component of tree verification (verify + publish) against its baselines.
+
+Shapes default to the 27B model's GDN (48 layers, 48 value / 16 key heads, K = V = 128, fp32 state) and the
+hydra27 bucket. Operands are what the model records: q, k l2-normalised fp32, v, g, beta fp32. Methods:
+
+- lumotree: verify = path-parallel tree scan per layer (launch configs swept, best reported), publish =
+  native replay of the accepted path (the spine to ``--accept-depth``) through fla's fused-recurrent kernel,
+  all layers folded into its batch dimension, final state written in place;
+- pytorch_node: the per-node PyTorch recurrence storing every node's state (eager only);
+- native_path: fla decode steps over the tree depth by depth, every node's full state stored, publish = copy
+  of the accepted node's state;
+- fla_paths: fla over every root-to-leaf path (prefixes recomputed) + the same replay publish;
+- floor: bytes (read the state to verify, read + write it to publish) over the measured copy bandwidth.
+Accuracy: per (layer, head, active node) cell, E = max |o - o_float64|; the tree scan is compared with fla's
+native decoding of the node's root path by the paired rule E_tree <= 1.10 E_native + 2^-24 M64 + 2^-149.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    s = sorted(ms)
+    pick = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
+    return {"median_ms": statistics.median(s), "p10_ms": pick(0.1), "p90_ms": pick(0.9), "n": len(s)}
+
+
+def _time(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool) -> dict[str, float]:
+    """Per-call wall time (CUDA events around each call, or a graph replay of one call)."""
+    run = fn
+    if device.type == "cuda":
+        if graph:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
+            cg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cg):
+                fn()
+            run = cg.replay
+        for _ in range(warmup):
+            run()
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            run()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        return _stats(out)
+    for _ in range(warmup):
+        run()
+    out = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return _stats(out)
+
+
+def run_gdn_bench(
+    device_name: str,
+    layers: int,
+    hv: int,
+    hk: int,
+    dk: int,
+    dv: int,
+    tree: str,
+    accept_depth: int,
+    warmup: int,
+    iters: int,
+    configs: list[tuple[int, int]],
+    log: Any = print,
+) -> dict[str, Any]:
+    if device_name == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
+    import torch
+    from lumotree.kernels import tree_scan
+    from lumotree.kernels.tree_scan_ref import paired_rule_ok, tree_gdn_float64, tree_gdn_ref
+    from lumotree.serving.tree import chain, load_builtin
+
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    topo = load_builtin(tree) if not tree.startswith("chain") else chain(int(tree[5:]))
+    R, parents = topo.num_rows, list(topo.parents)
+    active = [r for r in range(R) if topo.default_active[r]]
+    spine = topo.spine
+    accept_depth = min(accept_depth, len(spine) - 1)
+    acc_rows = torch.tensor(spine[: accept_depth + 1], device=device)
+    D, L, scale = accept_depth + 1, layers, dk**-0.5
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape: int) -> Any:
+        return torch.randn(*shape, generator=gen, device=device)
+
+    l2 = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    q, k = l2(rnd(L, 1, R, hk, dk)), l2(rnd(L, 1, R, hk, dk))
+    v = rnd(L, 1, R, hv, dv)
+    g = torch.nn.functional.logsigmoid(rnd(L, 1, R, hv) + 3.0)  # decays near 1, as trained models have
+    beta = torch.sigmoid(rnd(L, 1, R, hv))
+    pool0 = rnd(L, 1, hv, dk, dv) * 0.1
+    pool = pool0.clone()
+    state_mib = L * hv * dk * dv * 4 / 2**20
+    log(f"device {device}, tree {topo.name} ({R} rows, {len(active)} active), {L} layers")
+
+    def native_chain(ql: Any, kl: Any, vl: Any, gl: Any, bl: Any, h0: Any, cu: Any = None) -> Any:
+        """Native decoding (fla on CUDA; the per-node reference on CPU, where fla's kernel is unreliable)."""
+        if cuda:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla
+
+            return fla(ql, kl, vl, g=gl, beta=bl, scale=scale, initial_state=h0, output_final_state=True,
+                       cu_seqlens=cu)  # fmt: skip
+        B, T = ql.shape[:2]
+        if B > 1:  # fold the batch into packed sequences, as fla's varlen form does
+            ql, kl, vl, gl, bl = (x.reshape(1, B * T, *x.shape[2:]) for x in (ql, kl, vl, gl, bl))
+        cu_l = list(range(0, B * T + 1, T)) if cu is None else cu.tolist()
+        par = [j - cu_l[s] - 1 for s in range(len(cu_l) - 1) for j in range(cu_l[s], cu_l[s + 1])]
+        o, st = tree_gdn_ref(ql, kl, vl, gl, bl, par, h0, scale, cu_seqlens=cu_l, output_node_states=True)
+        return o.reshape(B, -1, *o.shape[2:]), st[torch.tensor(cu_l[1:]) - 1]
+
+    results: dict[str, Any] = {"device": str(device), "tree": topo.name, "rows": R, "active": len(active)}
+    results["shapes"] = {"layers": L, "hv": hv, "hk": hk, "dk": dk, "dv": dv, "accept_depth": accept_depth}
+    if cuda:
+        results["gpu"] = torch.cuda.get_device_name(device)
+
+    # ---- publish variants (native replay of the accepted path) --------------------------------------
+    qa, ka, va, ga, ba = (x[:, 0, acc_rows] for x in (q, k, v, g, beta))  # [L, D, ...]
+    flat_pool = pool.view(L, hv, dk, dv)
+
+    def publish_per_layer() -> None:
+        for li in range(L):
+            _, fin = native_chain(*(x[li : li + 1] for x in (qa, ka, va, ga, ba)), flat_pool[li : li + 1])
+            flat_pool[li].copy_(fin[0])
+
+    def publish_folded() -> None:
+        _, fin = native_chain(qa, ka, va, ga, ba, flat_pool)
+        flat_pool.copy_(fin)
+
+    def publish_inplace() -> None:
+        tree_scan.native_replay_(*(x[:, 0, acc_rows] for x in (q, k, v, g, beta)), flat_pool, scale)
+
+    publishers = {"per_layer": publish_per_layer, "folded": publish_folded}
+    if cuda:
+        publishers["inplace"] = publish_inplace
+
+    # ---- verify variants -------------------------------------------------------------------------
+    plans = {m: topo.plan(m) for m in ("levels", "flat")}
+    outs = torch.empty(L, 1, R, hv, dv, device=device)
+
+    def verify_fn(mode: str, cfg: Any) -> Any:
+        plan = plans[mode]
+
+        def fn() -> None:
+            for li in range(L):
+                tree_scan.tree_gdn(q[li], k[li], v[li], g[li], beta[li], None, pool[li], scale, plan,
+                                   config=cfg, out=outs[li])  # fmt: skip
+
+        return fn
+
+    modes_graph = [False, True] if cuda else [False]
+    sweep = []
+    for mode in plans:
+        for bv, nw in configs:
+            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw)
+            row = {"plan": mode, "block_v": bv, "num_warps": nw, "levels": list(plans[mode].path_counts)}
+            for gm in modes_graph:
+                row["graph" if gm else "eager"] = _time(
+                    verify_fn(mode, cfg), torch, device, warmup, iters, gm
+                )
+            sweep.append(row)
+            t = row.get("graph", row["eager"])["median_ms"]
+            log(f"  verify {mode:6s} BV={bv:3d} warps={nw}: {t:.4f} ms")
+    key = "graph" if cuda else "eager"
+    best = min(sweep, key=lambda r: r[key]["median_ms"])
+    results["verify_sweep"] = sweep
+    best_cfg = tree_scan.TreeScanConfig(block_v=best["block_v"], num_warps=best["num_warps"])
+    verify = verify_fn(best["plan"], best_cfg)
+
+    pub_times = {}
+    for name, fn in publishers.items():
+        pub_times[name] = {("graph" if gm else "eager"): _time(fn, torch, device, warmup, iters, gm) for gm in
+                           modes_graph}  # fmt: skip
+    results["publish_variants"] = pub_times
+    best_pub = min(pub_times, key=lambda n: pub_times[n][key]["median_ms"])
+    publish = publishers[best_pub]
+
+    def total() -> None:
+        verify()
+        publish()
+
+    lumo: dict[str, Any] = {"verify_config": {k_: best[k_] for k_ in ("plan", "block_v", "num_warps")}}
+    lumo["publish_variant"] = best_pub
+    for gm in modes_graph:
+        tag = "graph" if gm else "eager"
+        lumo[tag] = {
+            "verify": best[tag],
+            "publish": pub_times[best_pub][tag],
+            "total": _time(total, torch, device, warmup, iters, gm),
+        }
+    plan = plans[best["plan"]]
+    cut_mib = plan.cut_buffer_bytes(hv, dk, dv) / 2**20
+    out_mib = R * hv * dv * 4 / 2**20
+    pub_tmp = {"inplace": 0.0, "per_layer": state_mib / L, "folded": state_mib}[best_pub]
+    lumo["named_buffers_mib"] = {
+        "cut_states": cut_mib,
+        "tree_outputs_per_layer": out_mib,
+        "publish_temp": pub_tmp,
+    }
+    lumo["named_buffers_mib"]["total"] = sum(lumo["named_buffers_mib"].values())
+    results["lumotree"] = lumo
+
+    # ---- accuracy against float64 ----------------------------------------------------------------
+    pool.copy_(pool0)
+    verify()
+    o_tree = outs.clone()
+    o64 = torch.stack([tree_gdn_float64(q[li], k[li], v[li], g[li], beta[li], parents, pool[li], scale)[0]
+                       for li in range(L)])  # fmt: skip
+    # native: decode every root-to-leaf path (each node's root path is a prefix of one of them)
+    leaves = [r for r in range(R) if not topo.children[r]]
+    routes = []
+    for leaf in leaves:
+        rt = [leaf]
+        while parents[rt[-1]] >= 0:
+            rt.append(parents[rt[-1]])
+        routes.append(rt[::-1])
+    idx = torch.tensor([r for rt in routes for r in rt], device=device)
+    cu = torch.tensor([0] + [sum(len(r) for r in routes[: i + 1]) for i in range(len(routes))], device=device)
+    owner = {}
+    for i, rt in enumerate(routes):
+        for j, r in enumerate(rt):
+            owner.setdefault(r, int(cu[i]) + j)
+    pick = torch.tensor([owner[r] for r in range(R)], device=device)
+    o_nat = torch.empty_like(o_tree)
+    for li in range(L):
+        h0 = pool[li].expand(len(routes), -1, -1, -1).contiguous()
+        o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu)
+        o_nat[li] = o_p[:, pick]
+    act = torch.tensor(active, device=device)
+    e_tree = (o_tree.double() - o64).abs().amax(-1)[:, 0, act]  # [L, active, HV]
+    e_nat = (o_nat.double() - o64).abs().amax(-1)[:, 0, act]
+    m64 = o64.abs().amax(-1)[:, 0, act]
+    bound = 1.10 * e_nat + 2.0**-24 * m64 + 2.0**-149
+    bitwise = (o_tree[:, 0, act] == o_nat[:, 0, act]).all(-1)
+    assert paired_rule_ok(0.0, 0.0, 0.0)
+    # published state after replaying the accepted path vs float64 and vs the per-layer fla replay
+    pool.copy_(pool0)
+    publish()
+    chain_par = list(range(-1, D - 1))
+    st64 = torch.stack([
+        tree_gdn_float64(*(x[li : li + 1] for x in (qa, ka, va, ga, ba)), chain_par, pool0[li], scale,
+                         output_node_states=True)[1][-1]
+        for li in range(L)
+    ])  # fmt: skip
+    published = flat_pool.clone()
+    pool.copy_(pool0)
+    publish_per_layer()
+    results["accuracy"] = {
+        "cells": int(e_tree.numel()),
+        "cells_bitwise_vs_native": int(bitwise.sum()),
+        "cells_outside_paired_bound": int((e_tree > bound).sum()),
+        "max_err_tree_vs_f64": float(e_tree.max()),
+        "max_err_native_vs_f64": float(e_nat.max()),
+        "state_cells": L * hv,
+        "state_bitwise_vs_per_layer_replay": bool(torch.equal(published, flat_pool)),
+        "max_err_state_vs_f64": float((published.double() - st64).abs().max()),
+    }
+    pool.copy_(pool0)
+
+    # ---- baselines -------------------------------------------------------------------------------
+    depth = topo.depth
+    by_depth = [[r for r in range(R) if depth[r] == d] for d in range(max(depth) + 1)]
+    node_states = torch.empty(L, R, hv, dk, dv, device=device)
+    acc_leaf = int(acc_rows[-1])
+
+    depth_rows = [torch.tensor(rows, device=device) for rows in by_depth]  # built before any graph capture
+    depth_pars = [torch.tensor([max(parents[r], 0) for r in rows], device=device) for rows in by_depth]
+
+    def native_path() -> None:
+        for li in range(L):
+            for d, rt in enumerate(depth_rows):
+                h0 = pool[li] if d == 0 else node_states[li, depth_pars[d]]
+                ops = [x[li][0, rt][:, None] for x in (q, k, v, g, beta)]
+                _, fin = native_chain(*ops, h0.contiguous())
+                node_states[li, rt] = fin
+        flat_pool.copy_(node_states[:, acc_leaf])
+
+    def pytorch_node() -> None:
+        for li in range(L):
+            _, st = tree_gdn_ref(q[li], k[li], v[li], g[li], beta[li], parents, pool[li], scale,
+                                 output_node_states=True)  # fmt: skip
+            flat_pool[li].copy_(st[acc_leaf])
+
+    def fla_paths() -> None:
+        for li in range(L):
+            h0 = pool[li].expand(len(routes), -1, -1, -1).contiguous()
+            o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu)
+            outs[li].copy_(o_p[:, pick])
+        publish()
+
+    base: dict[str, Any] = {}
+    small = max(1, iters // 10)
+    base["pytorch_node"] = {"eager": _time(pytorch_node, torch, device, min(warmup, 2), small, False),
+                            "named_buffers_mib": L * R * hv * dk * dv * 4 / 2**20}  # fmt: skip
+    for name, fn, mib in (
+        ("native_path", native_path, L * R * hv * dk * dv * 4 / 2**20),
+        ("fla_paths_replay", fla_paths, len(routes) * hv * dk * dv * 4 / 2**20),
+    ):
+        base[name] = {
+            ("graph" if gm else "eager"): _time(fn, torch, device, warmup, iters, gm) for gm in modes_graph
+        }
+        base[name]["named_buffers_mib"] = mib
+    # byte floor: the state read once to verify, read + written once to publish
+    big = torch.empty(int(256 * 2**20), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(big)
+    cp = _time(lambda: dst.copy_(big), torch, device, warmup, iters, cuda)
+    bw = 2 * big.numel() / (cp["median_ms"] * 1e-3)
+    state_bytes = L * hv * dk * dv * 4
+    base["floor"] = {
+        "copy_bandwidth_GBps": bw / 1e9,
+        "bytes": 3 * state_bytes,
+        "ms": 3 * state_bytes / bw * 1e3,
+    }
+    results["baselines"] = base
+    results["goal"] = {"total_graph_ms_max": 0.5, "named_buffers_mib_max": 64}
+    return results
+
+
+def _table(res: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    tab = Table(title=f"GDN tree verification: {res['tree']} on {res.get('gpu', res['device'])}")
+    for col in ("method", "mode", "verify ms", "publish ms", "total ms (p10-p90)", "named MiB"):
+        tab.add_column(col)
+    lumo = res["lumotree"]
+    for mode in ("eager", "graph"):
+        if mode in lumo:
+            t = lumo[mode]
+            tot = t["total"]
+            tab.add_row(
+                "lumotree", mode, f"{t['verify']['median_ms']:.4f}", f"{t['publish']['median_ms']:.4f}",
+                f"{tot['median_ms']:.4f} ({tot['p10_ms']:.4f}-{tot['p90_ms']:.4f})",
+                f"{lumo['named_buffers_mib']['total']:.1f}",
+            )  # fmt: skip
+    for name, b in res["baselines"].items():
+        for mode in ("eager", "graph"):
+            if isinstance(b.get(mode), dict):
+                tab.add_row(
+                    name, mode, "", "", f"{b[mode]['median_ms']:.4f}", f"{b.get('named_buffers_mib', 0):.1f}"
+                )
+        if name == "floor":
+            tab.add_row("byte floor", "-", "", "", f"{b['ms']:.4f}", f"{b['copy_bandwidth_GBps']:.0f} GB/s")
+    console.print(tab)
+    console.print(res["accuracy"])
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("gdn")
+    def gdn(
+        device: str = typer.Option("cuda", "--device", help="cuda, or cpu for a tiny smoke run."),
+        layers: int = typer.Option(48, "--layers"),
+        hv: int = typer.Option(48, "--hv", help="Value heads."),
+        hk: int = typer.Option(16, "--hk", help="Key heads."),
+        dk: int = typer.Option(128, "--dk"),
+        dv: int = typer.Option(128, "--dv"),
+        tree: str = typer.Option("hydra27_fixed32", "--tree", help="Built-in tree name, hydra27, or chainN."),
+        accept_depth: int = typer.Option(5, "--accept-depth", help="Publish the spine down to this depth."),
+        warmup: int = typer.Option(20, "--warmup"),
+        iters: int = typer.Option(100, "--iters"),
+        configs: str = typer.Option("8:1,16:1,16:2,32:2,32:4,64:4", "--configs", help="Scan BV:warps list."),
+        as_json: bool = typer.Option(False, "--json", help="Print only the JSON result."),
+        out: Path = typer.Option(None, "--out", help="Also write the JSON result to this file."),
+    ) -> None:
+        """Time the GDN tree-verify and publish path against its baselines (one process; table + JSON)."""
+        from rich.console import Console
+
+        console = Console(stderr=True, quiet=as_json)
+        name = "hydra27_fixed32" if tree == "hydra27" else tree
+        cfgs = [(int(a), int(b)) for a, b in (c.split(":") for c in configs.split(","))]
+        try:
+            res = run_gdn_bench(device, layers, hv, hk, dk, dv, name, accept_depth, warmup, iters, cfgs,
+                                log=console.print)  # fmt: skip
+        except (RuntimeError, ValueError, AssertionError) as e:
+            console.print(f"[red]gdn bench failed: {e}[/]")
+            raise typer.Exit(1) from e
+        _table(res, console)
+        text = json.dumps(res, indent=1)
+        if out:
+            out.write_text(text)
+        if as_json:
+            print(text)
