@@ -17,8 +17,10 @@ from typing import Any
 import torch
 from lumotree.serving.arms import Arm, PrefillFeedback, StepFeedback, make_arm
 from lumotree.serving.cache import CacheConfig, StateCaches
+from lumotree.serving.config import ModelConfig
 from lumotree.serving.detokenizer import IncrementalDetokenizer
 from lumotree.serving.metrics import EngineCounters, SpanTimer
+from lumotree.serving.model import HybridModel
 from lumotree.serving.request import Request, RequestStats, Status
 from lumotree.serving.runner import ModelRunner, RunnerConfig
 from lumotree.serving.sampler import PresenceHistory, Sampler, SamplingParams, TreeBatch, random_seed
@@ -91,7 +93,7 @@ class Engine:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: HybridModel,
         tokenizer: Any | None,
         config: EngineConfig,
         arm: Arm | None = None,
@@ -101,7 +103,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.config = config
         self.model_name = model_name
-        mc = model.config
+        mc: ModelConfig = model.config
         self.model_config = mc
         self.device = next(model.parameters()).device
         self.max_model_len = min(config.max_model_len, mc.max_position_embeddings)

@@ -101,9 +101,12 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[GenerationResult]:
         """Texts or token-id lists (a single one is accepted too); results in input order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        reqs = self.engine.generate(list(prompts), params or SamplingParams())  # type: ignore[arg-type]
+        batch: list[Any] = (
+            [prompts]
+            if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int))
+            else list(prompts)
+        )
+        reqs = self.engine.generate(batch, params or SamplingParams())
         return [GenerationResult.from_request(r) for r in reqs]
 
     def chat(

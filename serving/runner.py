@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from lumotree.serving.batch import ForwardBatch
 from lumotree.serving.cache import StateCaches
+from lumotree.serving.model import HybridModel
 from lumotree.serving.request import Request
 from lumotree.serving.scheduler import PrefillChunk
 
@@ -47,7 +49,7 @@ class _Graph:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, caches: StateCaches, config: RunnerConfig) -> None:
+    def __init__(self, model: HybridModel, caches: StateCaches, config: RunnerConfig) -> None:
         self.model = model
         self.caches = caches
         self.config = config
@@ -97,7 +99,7 @@ class ModelRunner:
         hidden = self.model(batch, self.caches)
         return self.model.compute_logits(hidden), hidden, self.model.tree_record
 
-    def commit(self, record: object, accepted: torch.Tensor) -> torch.Tensor:
+    def commit(self, record: Any, accepted: torch.Tensor) -> torch.Tensor:
         """Publish accepted paths ([S, D] local rows, root first, -1 padded) to the state surfaces."""
         return self.model.commit(record, accepted, self.caches)
 

@@ -22,6 +22,7 @@ from lumotree.serving.openai_protocol import (
     CompletionRequest,
     ProtocolError,
     ValidationError,
+    _Common,
     error_body,
     new_id,
     now,
@@ -55,7 +56,7 @@ def create_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     tok = engine.engine.tokenizer
     created = now()
 
-    async def parse(request: Request, cls: type) -> Any:
+    async def parse(request: Request, cls: type[_Common]) -> Any:
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
