@@ -108,3 +108,46 @@ def gdn_tree(
         if kernel is not None:
             return kernel(q, k, v, g, beta, parents, initial_state, scale, plan)
     return gdn_ref.naive_tree_gdn(q, k, v, g, beta, parents, initial_state, scale, plan)
+
+
+# ---------------------------------------------------------------- fused row kernels of the decode path
+
+
+def use_fused(x: torch.Tensor) -> bool:
+    """Fused Triton row kernels (norms, SwiGLU product, GDN operand prep) on CUDA; ``LUMOTREE_FUSED=0`` turns
+    them off (the PyTorch twins then run on the GPU too)."""
+    flag = os.environ.get("LUMOTREE_FUSED", "1")
+    # "force" runs them on any device (CPU tests under TRITON_INTERPRET=1).
+    return flag == "force" or (use_triton(x) and flag != "0")
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-centred RMSNorm of (x + residual); returns (normed, x + residual)."""
+    from . import norm
+
+    return (norm.rms_norm_triton if use_fused(x) else norm.rms_norm_ref)(x, weight, eps, residual)
+
+
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    from . import norm
+
+    return (norm.gated_rms_norm_triton if use_fused(o) else norm.gated_rms_norm_ref)(o, z, weight, eps)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    from . import norm
+
+    return (norm.silu_mul_triton if use_fused(gate) else norm.silu_mul_ref)(gate, up)
+
+
+def gdn_prep(
+    src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Conv + SiLU + l2norm + g/beta: the GDN replay operands (q, k, v, g, beta) of every row."""
+    from . import gdn_prep as prep
+
+    fn = prep.gdn_prep_triton if use_fused(src) else prep.gdn_prep_ref
+    return fn(src, win_idx, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv)

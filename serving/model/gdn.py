@@ -4,22 +4,14 @@ out_proj."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import dispatch
-from ...kernels.conv import conv_windows
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
 from .layers import GatedRMSNorm
 from .record import GDNReplay, TreeRecord
-
-
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """fp32 l2 normalisation as fla's kernels do it: x / sqrt(sum x^2 + eps)."""
-    xf = x.float()
-    return xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps)
 
 
 class GatedDeltaNet(nn.Module):
@@ -36,7 +28,7 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_z = nn.Linear(c.hidden_size, self.value_dim, bias=False)
         self.in_proj_b = nn.Linear(c.hidden_size, self.hv, bias=False)
         self.in_proj_a = nn.Linear(c.hidden_size, self.hv, bias=False)
-        # Held as nn.Conv1d only for the checkpoint's parameter name/shape [C, 1, W]; applied by conv_windows.
+        # nn.Conv1d only for the checkpoint's name and shape [C, 1, W]; dispatch.gdn_prep applies it.
         self.conv1d = nn.Conv1d(c.conv_dim, c.conv_dim, self.kernel, groups=c.conv_dim, bias=False)
         self.A_log = nn.Parameter(torch.zeros(self.hv))
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
@@ -58,17 +50,13 @@ class GatedDeltaNet(nn.Module):
         conv_pool = caches.conv.state[li]
         hist = conv_pool.index_select(0, rows).transpose(1, 2).reshape(S * (self.kernel - 1), -1)
         src = torch.cat([hist.to(qkv.dtype), qkv], dim=0)
-        mixed = conv_windows(src, ctx.conv_win, self.conv1d.weight[:, 0, :])
         if ctx.conv_last is not None:  # chains advance the conv history to their last rows' window tails
             tail = src[ctx.conv_win[ctx.conv_last, 1:]]  # [S, hist, C]
             conv_pool.index_copy_(0, rows, tail.transpose(1, 2).to(conv_pool.dtype))
-
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = l2norm(q.reshape(R, self.hk, self.dk))
-        k = l2norm(k.reshape(R, self.hk, self.dk))
-        v = v.reshape(R, self.hv, self.dv).float()
-        beta = torch.sigmoid(b.float())
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
+        q, k, v, g, beta = dispatch.gdn_prep(
+            src, ctx.conv_win, self.conv1d.weight[:, 0, :], a, b, self.A_log, self.dt_bias,
+            self.hk, self.dk, self.hv, self.dv,
+        )  # fmt: skip
 
         pool = caches.recurrent.state[li]
         if batch.mode == "decode":

@@ -38,8 +38,8 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, ctx, caches, record)
         else:
             h = self.self_attn(h, ctx, caches)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        normed, x = self.post_attention_layernorm.add_forward(h, x)
+        return x + self.mlp(normed)
 
 
 class MTP(nn.Module):

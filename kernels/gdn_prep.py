@@ -1,0 +1,98 @@
+"""GDN operand preparation: causal conv over gathered windows + SiLU, q/k l2norm, decay g, strength beta.
+
+One Triton program per (row, head slot) does the conv taps of that head's channels, the SiLU, the rounding
+to the activation dtype, and the l2 normalisation (q and k heads) or the head's g and beta (v heads); the
+PyTorch twin is ``gdn_prep_ref``. Inputs: src [M, C] pre-conv rows (history rows then new rows, activation
+dtype), win_idx [R, W] rows of src per tap (oldest first), conv_w [C, W], a, b [R, HV], A_log, dt_bias [HV].
+Outputs (the replay operands): q, k [R, HK, K] fp32 l2-normalised, v [R, HV, V] fp32, g, beta [R, HV] fp32.
+Channel layout of C: [q (HK * K) | k (HK * K) | v (HV * V)].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from .conv import conv_windows
+
+Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """fp32 l2 normalisation as fla's kernels do it: x / sqrt(sum x^2 + eps)."""
+    xf = x.float()
+    return xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps)
+
+
+def gdn_prep_ref(
+    src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> Operands:  # fmt: skip
+    R = win_idx.shape[0]
+    mixed = conv_windows(src, win_idx, conv_w)
+    q, k, v = torch.split(mixed, [hk * dk, hk * dk, hv * dv], dim=-1)
+    q = l2norm(q.reshape(R, hk, dk))
+    k = l2norm(k.reshape(R, hk, dk))
+    v = v.reshape(R, hv, dv).float()
+    beta = torch.sigmoid(b.float())
+    g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
+    return q, k, v, g, beta
+
+
+@triton.jit
+def _prep_kernel(
+    SRC, WIN, CW, A, B, ALOG, DTB, Q, K_, V_, G, BETA,
+    C, HK, HV, DK, DV,
+    W: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    is_v = h >= 2 * HK
+    hv = h - 2 * HK
+    off = tl.where(is_v, 2 * HK * DK + hv * DV, h * DK)
+    D = tl.where(is_v, DV, DK)
+    d = tl.arange(0, BLOCK)
+    mask = d < D
+    ch = off + d
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for t in tl.static_range(W):
+        row = tl.load(WIN + r * W + t)
+        x = tl.load(SRC + row * C + ch, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(CW + ch * W + t, mask=mask, other=0.0).to(tl.float32)
+        acc += x * w
+    act = (acc * tl.sigmoid(acc)).to(SRC.dtype.element_ty).to(tl.float32)
+    if is_v:
+        tl.store(V_ + (r * HV + hv) * DV + d, act, mask=mask)
+        a = tl.load(A + r * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
+        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        tl.store(G + r * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
+        bb = tl.load(B + r * HV + hv).to(tl.float32)
+        tl.store(BETA + r * HV + hv, tl.sigmoid(bb))
+    else:
+        y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
+        if h < HK:
+            tl.store(Q + (r * HK + h) * DK + d, y, mask=mask)
+        else:
+            tl.store(K_ + (r * HK + (h - HK)) * DK + d, y, mask=mask)
+
+
+def gdn_prep_triton(
+    src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> Operands:  # fmt: skip
+    R, W = win_idx.shape
+    C = src.shape[1]
+    dev, f32 = src.device, torch.float32
+    q = torch.empty(R, hk, dk, dtype=f32, device=dev)
+    k = torch.empty(R, hk, dk, dtype=f32, device=dev)
+    v = torch.empty(R, hv, dv, dtype=f32, device=dev)
+    g = torch.empty(R, hv, dtype=f32, device=dev)
+    beta = torch.empty(R, hv, dtype=f32, device=dev)
+    block = triton.next_power_of_2(max(dk, dv))
+    _prep_kernel[(R, 2 * hk + hv)](
+        src.contiguous(), win_idx.contiguous(), conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
+        dt_bias, q, k, v, g, beta, C, hk, hv, dk, dv, W=W, BLOCK=block, num_warps=max(1, block // 64),
+    )  # fmt: skip
+    return q, k, v, g, beta
