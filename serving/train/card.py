@@ -123,3 +123,19 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
 
 def write_card(root: Path, metrics: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> None:
     (root / CARD).write_text(render_card(metrics, hashes))
+
+
+def record_acceptance(model_dir: Path, acceptance: dict[str, dict[str, float]]) -> None:
+    """Add measured greedy acceptance (arm -> {tokens_per_step, acceptance_rate}) to the shipped metrics.json
+    and rewrite MODEL_CARD.md (with fresh file hashes)."""
+    import json
+
+    from lumotree.serving.train.export import file_hashes
+
+    for arm, row in acceptance.items():
+        assert {"tokens_per_step", "acceptance_rate"} <= set(row), f"{arm}: {row}"
+    path = model_dir / "metrics.json"
+    metrics = json.loads(path.read_text())
+    metrics["acceptance"] = acceptance
+    path.write_text(json.dumps(metrics, indent=2) + "\n")
+    write_card(model_dir, metrics, file_hashes(model_dir))

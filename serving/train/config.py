@@ -48,7 +48,7 @@ class ModelDims:
     """Share embed_tokens and lm_head (saves vocab x hidden parameters)."""
     mtp_num_hidden_layers: int = 1
     """MTP decoder layers (``mtp.*`` weights)."""
-    eagle_intermediate_size: int = 384
+    eagle_intermediate_size: int = 256
     """SwiGLU width of the EAGLE head's decoder layer."""
 
     def layer_types(self) -> list[str]:
@@ -77,7 +77,7 @@ class CorpusConfig:
     """Share of training documents that are synthetic agent transcripts built from corpus files."""
     tokenizer_sample_bytes: int = 16_000_000
     """Bytes of training text the BPE tokenizer is fitted on."""
-    prompts: int = 48
+    prompts: int = 32
     """Held-out prompts written for acceptance measurements (half code, half agent chat)."""
 
 

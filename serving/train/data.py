@@ -30,10 +30,11 @@ def encode_stream(tok: Tokenizer, docs: list[str], eot_id: int, chunk: int = 409
 
 
 def train_batch(stream: torch.Tensor, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:
-    """[batch, length] windows at seeded random offsets (int64, CPU)."""
+    """[batch, length] int64 windows at offsets drawn from the CPU generator ``gen``, gathered on the
+    stream's device (keep the stream on the GPU: one gather per step, no host copies)."""
     assert stream.numel() > length, f"stream of {stream.numel()} tokens is shorter than one window ({length})"
-    starts = torch.randint(0, stream.numel() - length, (batch,), generator=gen)
-    return torch.stack([stream[s : s + length] for s in starts.tolist()]).long()
+    starts = torch.randint(0, stream.numel() - length, (batch, 1), generator=gen).to(stream.device)
+    return stream[starts + torch.arange(length, device=stream.device)].long()
 
 
 def eval_windows(stream: torch.Tensor, count: int, length: int) -> torch.Tensor:

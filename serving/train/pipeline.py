@@ -57,6 +57,18 @@ def _tokenizer_sample(docs: list[str], limit: int) -> list[str]:
     return out
 
 
+def _check_weight_budget(cfg: TrainConfig, lm: TrainLM) -> None:
+    """Fail before training when the weights alone leave under ~1 MB of the shipping budget for the rest
+    (tokenizer.json ~0.4 MB, prompts, card, configs)."""
+    head = EagleHead(eagle_config(lm.config_dict, cfg.model.eagle_intermediate_size))
+    itemsize = torch.empty((), dtype=getattr(torch, cfg.export_dtype)).element_size()
+    weights = (_count(lm) + _count(head)) * itemsize
+    if weights > cfg.max_shipped_bytes - 1_000_000:
+        raise RuntimeError(
+            f"weights would take {weights:,} bytes; budget {cfg.max_shipped_bytes:,} (shrink the model)"
+        )
+
+
 def _budgets(cfg: TrainConfig) -> tuple[Budget, Budget]:
     """Model and EAGLE budgets: ``steps`` split by ``eagle_share`` if given, else ``minutes`` of wall time."""
     if cfg.steps > 0:
@@ -128,6 +140,7 @@ def run(
         if "model" in stages:
             lm = TrainLM(hf_config(cfg.model, eos_ids(tok), eot)).to(cfg.device)
             metrics["params"] = {"trunk": _count(lm.lm), "mtp": _count(lm.mtp)}
+            _check_weight_budget(cfg, lm)
             model_budget.started = time.perf_counter()
             metrics["model"] = train_model(lm, data, cfg, model_budget, log)
             save_checkpoint(lm, model_dir, getattr(torch, cfg.export_dtype))

@@ -75,7 +75,7 @@ def tokenizer_config(max_length: int) -> dict[str, object]:
 
 def save_tokenizer(tok: Tokenizer, out_dir: Path, max_length: int) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
+    tok.save(str(out_dir / "tokenizer.json"), pretty=False)  # compact: the 16 MiB budget counts it
     (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(max_length), indent=2) + "\n")
 
 

@@ -183,6 +183,7 @@ def fit(
     gen = torch.Generator().manual_seed(cfg.seed + (0 if phase == "model" else 1))
     length = cfg.seq_len + depth + 1
     windows = eval_windows(data.heldout, cfg.eval_batches * cfg.batch_size, length)
+    train_stream = data.train.to(cfg.device)
     warmup = (
         min(cfg.optim.warmup_steps, max(1, budget.steps // 10)) if budget.steps else cfg.optim.warmup_steps
     )
@@ -196,7 +197,7 @@ def fit(
     while not budget.done(step):
         for g in opt.param_groups:
             g["lr"] = cfg.optim.lr * lr_factor(step, budget.progress(step), cfg.optim, warmup)
-        window = train_batch(data.train, cfg.batch_size, length, gen).to(cfg.device, non_blocking=True)
+        window = train_batch(train_stream, cfg.batch_size, length, gen)
         with autocast(cfg):
             losses = loss_fn(window)
         opt.zero_grad(set_to_none=True)
