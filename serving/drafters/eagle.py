@@ -28,7 +28,10 @@ def text_config(cfg: dict[str, Any]) -> Any:
     """transformers' ``Qwen3_5TextConfig`` from a config.json dict."""
     from transformers import Qwen3_5TextConfig
 
-    known = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype", "eagle")}
+    # Only fields transformers knows: the MTP/EAGLE extras are read from the dict by our own modules.
+    extras = ("architectures", "model_type", "torch_dtype", "eagle", "full_attention_interval",
+              "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")  # fmt: skip
+    known = {k: v for k, v in cfg.items() if k not in extras}
     return Qwen3_5TextConfig(**known)
 
 

@@ -41,18 +41,23 @@ class AgentFormat:
     cwd: str
 
 
+def bare_agent_format() -> AgentFormat:
+    """The agent's template files and default names, read without importing its (pydantic) config."""
+    folder = resources.files("lumotree.agents").joinpath("templates")
+    read = lambda name: folder.joinpath(name).read_text(encoding="utf-8")
+    return AgentFormat(
+        read("system.jinja"), read("instance.jinja"), read("observation.jinja"),
+        "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "/testbed",
+    )  # fmt: skip
+
+
 @lru_cache(maxsize=1)
 def agent_format() -> AgentFormat:
-    """The agent's own format; without pydantic (a bare GPU host) the template files and its defaults."""
+    """The agent's own format; on a host without pydantic (the GPU trainer) the bare reading of it."""
     try:
         from lumotree.agents.config import AgentConfig
     except ImportError:
-        folder = resources.files("lumotree.agents").joinpath("templates")
-        read = lambda name: folder.joinpath(name).read_text(encoding="utf-8")
-        return AgentFormat(
-            read("system.jinja"), read("instance.jinja"), read("observation.jinja"),
-            "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "/testbed",
-        )  # fmt: skip
+        return bare_agent_format()
     c = AgentConfig()
     return AgentFormat(
         c.system_template, c.instance_template, c.observation_template, c.submit_sentinel, c.cwd

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lumotree.serving.train.chats import agent_format, render_chat, transcript_messages
+from lumotree.serving.train.chats import agent_format, bare_agent_format, render_chat, transcript_messages
 from lumotree.serving.train.config import CorpusConfig
 from lumotree.serving.train.corpus import build_corpus, is_heldout
 from lumotree.serving.train.tokenizer_train import SPECIAL_TOKENS, save_tokenizer, train_tokenizer
@@ -60,6 +60,11 @@ def test_corpus_split_is_by_file_and_deterministic() -> None:
     assert not held & set(a.train_docs), "a held-out file leaked into training"
     m = a.manifest()
     assert m["train"]["files"] + m["heldout"]["files"] == len(a.files)
+
+
+def test_bare_agent_format_matches_the_agent_config() -> None:
+    """The GPU trainer has no pydantic: its reading of the agent format must equal the agent's own."""
+    assert bare_agent_format() == agent_format()
 
 
 def test_transcripts_show_real_command_output() -> None:
