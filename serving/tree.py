@@ -195,7 +195,7 @@ class TreeTopology:
 
         A route lists sibling ranks from the root, e.g. [0, 2] = the third child of the top choice.
         ``active`` (if given) has one entry per draft node."""
-        index = {(): 0}
+        index: dict[tuple[int, ...], int] = {(): 0}
         parents = [-1]
         for i, route in enumerate(paths, 1):
             route = tuple(int(x) for x in route)

@@ -78,9 +78,12 @@ def build_fixed(
         want = [r for r in rows if topology.default_active[r]]
         if suffix is None or not want:
             continue
-        path, a = [], anchor
+        path: list[int] = []
+        a = anchor
         while a > 0:
-            path.append(toks[a])
+            t_a = toks[a]
+            assert t_a is not None, "MTP anchors always carry a token"
+            path.append(t_a)
             a = topology.parents[a]
         got = suffix.propose(extra=[int(root), *reversed(path)], max_len=len(want))
         for r, t in zip(want, got.tokens if got else (), strict=False):
@@ -155,7 +158,7 @@ def build_adaptive(
                     break
     chosen = sorted((p for p in conf if p), key=lambda p: (-conf[p], len(p), p))[: config.budget - 1]
     chosen.sort(key=lambda p: (len(p), -conf[p]))  # parents first; siblings by confidence (rank 0 = best)
-    index = {(): 0}
+    index: dict[tuple[int, ...], int] = {(): 0}
     parents, ids = [-1], [int(root)]
     for p in chosen:
         assert p[:-1] in index, "confidence must not grow along a path"

@@ -115,8 +115,10 @@ def run_gdn_bench(
     state_mib = L * hv * dk * dv * 4 / 2**20
     log(f"device {device}, tree {topo.name} ({R} rows, {len(active)} active), {L} layers")
 
-    def native_chain(ql: Any, kl: Any, vl: Any, gl: Any, bl: Any, h0: Any, cu: Any = None) -> Any:
-        """Native decoding (fla on CUDA; the per-node reference on CPU, where fla's kernel is unreliable)."""
+    def native_chain(*args: Any, cu: Any = None) -> Any:
+        """Native decoding of (q, k, v, g, beta, h0): fla on CUDA; on CPU the per-node reference (fla's
+        kernel under the Triton interpreter is not reliable here)."""
+        ql, kl, vl, gl, bl, h0 = args
         if cuda:
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla
 
@@ -174,7 +176,12 @@ def run_gdn_bench(
     for mode in plans:
         for bv, nw in configs:
             cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw)
-            row = {"plan": mode, "block_v": bv, "num_warps": nw, "levels": list(plans[mode].path_counts)}
+            row: dict[str, Any] = {
+                "plan": mode,
+                "block_v": bv,
+                "num_warps": nw,
+                "levels": list(plans[mode].path_counts),
+            }
             for gm in modes_graph:
                 row["graph" if gm else "eager"] = _time(
                     verify_fn(mode, cfg), torch, device, warmup, iters, gm
@@ -237,7 +244,7 @@ def run_gdn_bench(
         routes.append(rt[::-1])
     idx = torch.tensor([r for rt in routes for r in rt], device=device)
     cu = torch.tensor([0] + [sum(len(r) for r in routes[: i + 1]) for i in range(len(routes))], device=device)
-    owner = {}
+    owner: dict[int, int] = {}
     for i, rt in enumerate(routes):
         for j, r in enumerate(rt):
             owner.setdefault(r, int(cu[i]) + j)
@@ -245,7 +252,7 @@ def run_gdn_bench(
     o_nat = torch.empty_like(o_tree)
     for li in range(L):
         h0 = pool[li].expand(len(routes), -1, -1, -1).contiguous()
-        o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu)
+        o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu=cu)
         o_nat[li] = o_p[:, pick]
     act = torch.tensor(active, device=device)
     e_tree = (o_tree.double() - o64).abs().amax(-1)[:, 0, act]  # [L, active, HV]
@@ -305,7 +312,7 @@ def run_gdn_bench(
     def fla_paths() -> None:
         for li in range(L):
             h0 = pool[li].expand(len(routes), -1, -1, -1).contiguous()
-            o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu)
+            o_p, _ = native_chain(*(x[li][:, idx] for x in (q, k, v, g, beta)), h0, cu=cu)
             outs[li].copy_(o_p[:, pick])
         publish()
 

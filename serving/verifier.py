@@ -1,0 +1,113 @@
+"""The one verifier every arm shares: descriptors in, one tree-mode target forward, exact walk, commit.
+
+``verify`` packs the requests' ``TreeDescriptor``s into a tree-mode ``ForwardBatch`` (rows in descriptor
+order: root, spine, the rest; slot of row j = slot of logical position context_len + j, so an accepted spine
+prefix is already at its native slots), runs the model, and returns the logits of every row with the
+model's replay record. ``select`` runs the sampler's walk over the same descriptors; ``commit`` hands the
+walk's accepted rows straight to ``model.commit``. Token ids, logits, the accepted path and the commit stay
+on the device: the only host values are tree shapes and lengths, known before the forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .batch import ForwardBatch
+from .cache import StateCaches
+from .sampler import Sampler, SamplingParams, TreeBatch
+from .sampling.walk import WalkResult
+from .tree import TreeDescriptor
+
+
+@dataclass
+class VerifyOutput:
+    """What one verification forward leaves for selection and commit."""
+
+    descriptors: list[TreeDescriptor]
+    batch: ForwardBatch
+    logits: torch.Tensor
+    """[R, V] fp32 target logits of every row (rows of request s: batch.cu_seqlens[s] ..)."""
+    hidden: torch.Tensor
+    """[R, H] final-norm hidden states (the drafter's next input is the accepted leaf's row)."""
+    record: Any
+    """The model's TreeRecord: replay operands of every GDN layer."""
+
+    def tree_batch(self) -> TreeBatch:
+        """The walk's view of the same trees (tokens stay on the device)."""
+        dev = self.logits.device
+        sizes = [d.num_rows for d in self.descriptors]
+        return TreeBatch(
+            tokens=torch.cat([d.token_ids.to(dev) for d in self.descriptors]),
+            parents=torch.tensor([p for d in self.descriptors for p in d.parents], dtype=torch.long).to(dev),
+            active=torch.tensor([a for d in self.descriptors for a in d.active_mask]).to(dev),
+            sizes=sizes,
+            max_depth=max(d.topology.max_depth for d in self.descriptors),
+        )
+
+
+def tree_forward_batch(
+    caches: StateCaches, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]
+) -> ForwardBatch:
+    """The tree-mode batch of these requests; each descriptor's prefix_len is its request's context length."""
+    assert len(seq_ids) == len(descriptors) and descriptors
+    # Slots, positions and tables come from the shared builder (host shapes only); the token ids are put in
+    # afterwards from the device so the drafter's tokens never travel to the host for packing.
+    batch = caches.make_batch(
+        "tree",
+        list(seq_ids),
+        [[0] * d.num_rows for d in descriptors],
+        [d.prefix_len for d in descriptors],
+        [list(d.parents) for d in descriptors],
+    )
+    batch.input_ids = torch.cat([d.token_ids.to(batch.input_ids.device) for d in descriptors])
+    expect = [p for d in descriptors for p in d.positions]
+    assert batch.positions.shape[0] == len(expect)
+    return batch
+
+
+class Verifier:
+    """Verify, select and commit draft trees for a batch of requests on one model."""
+
+    def __init__(self, model: Any, caches: StateCaches, sampler: Sampler | None = None) -> None:
+        self.model = model
+        self.caches = caches
+        self.sampler = sampler or Sampler(model.config.vocab_size, caches.device)
+
+    def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
+        batch = tree_forward_batch(self.caches, seq_ids, descriptors)
+        hidden = self.model(batch, self.caches)
+        logits = self.model.compute_logits(hidden)
+        return VerifyOutput(list(descriptors), batch, logits, hidden, self.model.tree_record)
+
+    def select(
+        self,
+        out: VerifyOutput,
+        params: Sequence[SamplingParams],
+        seeds: torch.Tensor,
+        out_pos: torch.Tensor,
+        history: torch.Tensor | None = None,
+    ) -> WalkResult:
+        """The exact target-only walk over the verified trees."""
+        return self.sampler.walk(out.tree_batch(), out.logits, history, params, seeds, out_pos)
+
+    def commit(self, out: VerifyOutput, walk: WalkResult) -> torch.Tensor:
+        """Publish each request's accepted path (device tensor, root first); returns accepted lengths [S]."""
+        return self.model.commit(out.record, walk.accepted, self.caches)
+
+    def step(
+        self,
+        seq_ids: Sequence[int | str],
+        descriptors: Sequence[TreeDescriptor],
+        params: Sequence[SamplingParams],
+        seeds: torch.Tensor,
+        out_pos: torch.Tensor,
+        history: torch.Tensor | None = None,
+    ) -> tuple[VerifyOutput, WalkResult, torch.Tensor]:
+        """verify -> select -> commit with no host read in between."""
+        out = self.verify(seq_ids, descriptors)
+        walk = self.select(out, params, seeds, out_pos, history)
+        return out, walk, self.commit(out, walk)
