@@ -151,3 +151,23 @@ def gdn_prep(
 
     fn = prep.gdn_prep_triton if use_fused(src) else prep.gdn_prep_ref
     return fn(src, win_idx, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv)
+
+
+def norm_rope(
+    x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """Per-head RMSNorm (1 + w) then partial RoPE of x [R, H, D] (may be a strided head view)."""
+    from . import attention_decode as ad
+
+    return (ad.norm_rope_triton if use_fused(x) else ad.norm_rope_ref)(x, weight, cos, sin, eps)
+
+
+def gated_decode_attention(
+    q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """One query row per sequence over its paged K/V, times sigmoid(gate): [S, Hq * D]."""
+    from . import attention_decode as ad
+
+    fn = ad.gated_decode_attention_triton if use_fused(q) else ad.gated_decode_attention_ref
+    return fn(q, gate, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...kernels.attention import paged_attention_ref, paged_decode_attention, write_kv
+from ...kernels import dispatch
+from ...kernels.attention import paged_attention_ref, write_kv
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import RMSNorm, apply_rope
+from .layers import RMSNorm
 
 
 class GatedAttention(nn.Module):
@@ -31,19 +32,23 @@ class GatedAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches) -> torch.Tensor:
         R = x.shape[0]
         batch = ctx.batch
-        q, gate = self.q_proj(x).view(R, self.hq, 2 * self.d).chunk(2, dim=-1)
-        q = apply_rope(self.q_norm(q), ctx.cos, ctx.sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(R, self.hkv, self.d)), ctx.cos, ctx.sin)
+        qg = self.q_proj(x).view(R, self.hq, 2 * self.d)
+        q_raw, gate = qg[..., : self.d], qg[..., self.d :]
+        q = dispatch.norm_rope(q_raw, self.q_norm.weight, ctx.cos, ctx.sin, self.q_norm.eps)
+        k = self.k_proj(x).view(R, self.hkv, self.d)
+        k = dispatch.norm_rope(k, self.k_norm.weight, ctx.cos, ctx.sin, self.k_norm.eps)
         v = self.v_proj(x).view(R, self.hkv, self.d)
         kc, vc = caches.kv.k[self.kv_index], caches.kv.v[self.kv_index]
         write_kv(kc, vc, k, v, batch.slot_mapping)
         if batch.mode == "decode":
             assert ctx.decode_seq_lens is not None
-            out = paged_decode_attention(q, kc, vc, batch.block_tables, ctx.decode_seq_lens, self.scale)
+            out = dispatch.gated_decode_attention(
+                q, gate, kc, vc, batch.block_tables, ctx.decode_seq_lens, self.scale
+            )
         else:
             assert ctx.seq_bounds is not None and ctx.new_visible is not None
             out = paged_attention_ref(
                 q, kc, vc, batch.block_tables, batch.slot_mapping, ctx.seq_bounds, ctx.new_visible, self.scale
             )
-        out = out.reshape(R, self.hq * self.d) * torch.sigmoid(gate.reshape(R, self.hq * self.d))
+            out = out.reshape(R, self.hq * self.d) * torch.sigmoid(gate.reshape(R, self.hq * self.d))
         return self.o_proj(out)

@@ -61,14 +61,3 @@ def rope_cos_sin(
     freqs = positions[:, None].float() * inv_freq[None, :].to(positions.device)
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first rotary_dim channels of x [R, heads, D] (rotate-half convention); the rest pass
-    through."""
-    rd = cos.shape[-1]
-    xr, xp = x[..., :rd], x[..., rd:]
-    half = rd // 2
-    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-    out = xr * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([out, xp], dim=-1)
