@@ -47,12 +47,18 @@ def build_prompts(files: list[SourceFile], count: int, seed: int) -> list[dict[s
     rows: list[dict[str, Any]] = []
     want = {"code": count // 2, "chat": count - count // 2}
     for f in held:
-        if want["code"] > 0 and (text := code_prompt(f)) is not None:
-            rows.append({"id": f"code-{len(rows):03d}", "kind": "code", "source": f.key, "prompt": text})
-            want["code"] -= 1
-        elif want["chat"] > 0 and (chat := chat_prompt(f, seed)) is not None:
-            rows.append({"id": f"chat-{len(rows):03d}", "kind": "chat", "source": f.key, **chat})
-            want["chat"] -= 1
+        # Serve the kind still most wanted first, so a short held-out list still yields both kinds.
+        for kind in sorted(want, key=lambda k: -want[k]):
+            if want[kind] == 0:
+                continue
+            if kind == "code" and (text := code_prompt(f)) is not None:
+                rows.append({"id": f"code-{len(rows):03d}", "kind": "code", "source": f.key, "prompt": text})
+            elif kind == "chat" and (chat := chat_prompt(f, seed)) is not None:
+                rows.append({"id": f"chat-{len(rows):03d}", "kind": "chat", "source": f.key, **chat})
+            else:
+                continue
+            want[kind] -= 1
+            break
         if not any(want.values()):
             break
     return rows
