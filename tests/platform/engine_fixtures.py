@@ -61,3 +61,24 @@ def serve(ckpt: Path, max_model_len: int = 4096) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        docker.from_env().ping()
+        return True
+    except Exception:
+        return False
+
+
+def synth_instances_ready() -> bool:
+    """Whether astropy-synth's instances exist (packaged or cached); tests never generate them."""
+    try:
+        from lumotree.tasks.api import get_suite
+
+        suite = get_suite("astropy-synth")
+        return any(p.is_file() for p in (suite.cache_path(), suite.packaged_path()))  # type: ignore[attr-defined]
+    except Exception:
+        return False

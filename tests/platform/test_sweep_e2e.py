@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from engine_fixtures import make_chat_checkpoint, serve
+from engine_fixtures import docker_available, make_chat_checkpoint, serve, synth_instances_ready
 from lumotree.db import models as dbm
 from lumotree.db.store import Store
 from sqlalchemy import select
@@ -19,19 +19,12 @@ from sqlalchemy import select
 CLI = "from lumotree.platform.cli import main; main()"
 
 
-def docker_available() -> bool:
-    try:
-        import docker
-
-        docker.from_env().ping()
-        return True
-    except Exception:
-        return False
-
-
 @pytest.mark.docker
 @pytest.mark.slow
 @pytest.mark.skipif(not docker_available(), reason="no Docker daemon answers")
+@pytest.mark.skipif(
+    not synth_instances_ready(), reason="astropy-synth instances not generated (lumotree tasks list)"
+)
 def test_sweep_then_replay(tmp_path: Path) -> None:
     ckpt = make_chat_checkpoint(tmp_path / "model")
     url = f"sqlite:///{tmp_path / 'runs.db'}"
