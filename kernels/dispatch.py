@@ -171,3 +171,14 @@ def gated_decode_attention(
 
     fn = ad.gated_decode_attention_triton if use_fused(q) else ad.gated_decode_attention_ref
     return fn(q, gate, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def gdn_prep_decode(
+    qkv: torch.Tensor, conv_state: torch.Tensor, rows: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Decode step: conv over (pool history, new row) advancing the history in place, then the operands."""
+    from . import gdn_prep as prep
+
+    fn = prep.gdn_prep_decode_triton if use_fused(qkv) else prep.gdn_prep_decode_ref
+    return fn(qkv, conv_state, rows, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv)

@@ -6,6 +6,9 @@ PyTorch twin is ``gdn_prep_ref``. Inputs: src [M, C] pre-conv rows (history rows
 dtype), win_idx [R, W] rows of src per tap (oldest first), conv_w [C, W], a, b [R, HV], A_log, dt_bias [HV].
 Outputs (the replay operands): q, k [R, HK, K] fp32 l2-normalised, v [R, HV, V] fp32, g, beta [R, HV] fp32.
 Channel layout of C: [q (HK * K) | k (HK * K) | v (HV * V)].
+
+``gdn_prep_decode`` is the decode-step special case: one new row per sequence, the W-1 history taps read from
+and written back to the conv-state pool in place (pool layer [rows, C, W-1], oldest first).
 """
 
 from __future__ import annotations
@@ -93,6 +96,82 @@ def gdn_prep_triton(
     block = triton.next_power_of_2(max(dk, dv))
     _prep_kernel[(R, 2 * hk + hv)](
         src.contiguous(), win_idx.contiguous(), conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
+        dt_bias, q, k, v, g, beta, C, hk, hv, dk, dv, W=W, BLOCK=block, num_warps=max(1, block // 64),
+    )  # fmt: skip
+    return q, k, v, g, beta
+
+
+def gdn_prep_decode_ref(
+    qkv: torch.Tensor, conv_state: torch.Tensor, rows: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> Operands:  # fmt: skip
+    from .conv import decode_window_index
+
+    S, hist = qkv.shape[0], conv_state.shape[-1]
+    old = conv_state.index_select(0, rows).transpose(1, 2).reshape(S * hist, -1)
+    src = torch.cat([old.to(qkv.dtype), qkv], dim=0)
+    win = decode_window_index(S, hist, qkv.device)
+    conv_state.index_copy_(0, rows, src[win[:, 1:]].transpose(1, 2).to(conv_state.dtype))
+    return gdn_prep_ref(src, win, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv)
+
+
+@triton.jit
+def _prep_decode_kernel(
+    X, CS, ROWS, CW, A, B, ALOG, DTB, Q, K_, V_, G, BETA,
+    C, HK, HV, DK, DV,
+    W: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    is_v = h >= 2 * HK
+    hv = h - 2 * HK
+    off = tl.where(is_v, 2 * HK * DK + hv * DV, h * DK)
+    D = tl.where(is_v, DV, DK)
+    d = tl.arange(0, BLOCK)
+    mask = d < D
+    ch = off + d
+    row = tl.load(ROWS + s).to(tl.int64)
+    hist_ptr = CS + (row * C + ch) * (W - 1)
+    x_new = tl.load(X + s * C + ch, mask=mask, other=0.0)
+    acc = x_new.to(tl.float32) * tl.load(CW + ch * W + (W - 1), mask=mask, other=0.0).to(tl.float32)
+    # Taps oldest first, then shift the history by one and append the new input (same program: no race).
+    for t in tl.static_range(W - 1):
+        x = tl.load(hist_ptr + t, mask=mask, other=0.0)
+        acc += x.to(tl.float32) * tl.load(CW + ch * W + t, mask=mask, other=0.0).to(tl.float32)
+        if t > 0:
+            tl.store(hist_ptr + t - 1, x, mask=mask)
+    tl.store(hist_ptr + (W - 2), x_new.to(CS.dtype.element_ty), mask=mask)
+    act = (acc * tl.sigmoid(acc)).to(X.dtype.element_ty).to(tl.float32)
+    if is_v:
+        tl.store(V_ + (s * HV + hv) * DV + d, act, mask=mask)
+        a = tl.load(A + s * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
+        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        tl.store(G + s * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
+        tl.store(BETA + s * HV + hv, tl.sigmoid(tl.load(B + s * HV + hv).to(tl.float32)))
+    else:
+        y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
+        if h < HK:
+            tl.store(Q + (s * HK + h) * DK + d, y, mask=mask)
+        else:
+            tl.store(K_ + (s * HK + (h - HK)) * DK + d, y, mask=mask)
+
+
+def gdn_prep_decode_triton(
+    qkv: torch.Tensor, conv_state: torch.Tensor, rows: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor,
+    b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+) -> Operands:  # fmt: skip
+    S, C = qkv.shape
+    W = conv_w.shape[1]
+    assert conv_state.is_contiguous() and conv_state.shape[1:] == (C, W - 1) and W >= 2
+    dev, f32 = qkv.device, torch.float32
+    q = torch.empty(S, hk, dk, dtype=f32, device=dev)
+    k = torch.empty(S, hk, dk, dtype=f32, device=dev)
+    v = torch.empty(S, hv, dv, dtype=f32, device=dev)
+    g = torch.empty(S, hv, dtype=f32, device=dev)
+    beta = torch.empty(S, hv, dtype=f32, device=dev)
+    block = triton.next_power_of_2(max(dk, dv))
+    _prep_decode_kernel[(S, 2 * hk + hv)](
+        qkv.contiguous(), conv_state, rows, conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
         dt_bias, q, k, v, g, beta, C, hk, hv, dk, dv, W=W, BLOCK=block, num_warps=max(1, block // 64),
     )  # fmt: skip
     return q, k, v, g, beta

@@ -48,15 +48,21 @@ class GatedDeltaNet(nn.Module):
         a = self.in_proj_a(x)
 
         conv_pool = caches.conv.state[li]
-        hist = conv_pool.index_select(0, rows).transpose(1, 2).reshape(S * (self.kernel - 1), -1)
-        src = torch.cat([hist.to(qkv.dtype), qkv], dim=0)
-        if ctx.conv_last is not None:  # chains advance the conv history to their last rows' window tails
-            tail = src[ctx.conv_win[ctx.conv_last, 1:]]  # [S, hist, C]
-            conv_pool.index_copy_(0, rows, tail.transpose(1, 2).to(conv_pool.dtype))
-        q, k, v, g, beta = dispatch.gdn_prep(
-            src, ctx.conv_win, self.conv1d.weight[:, 0, :], a, b, self.A_log, self.dt_bias,
-            self.hk, self.dk, self.hv, self.dv,
-        )  # fmt: skip
+        conv_w = self.conv1d.weight[:, 0, :]
+        heads = (self.hk, self.dk, self.hv, self.dv)
+        if batch.mode == "decode":
+            q, k, v, g, beta = dispatch.gdn_prep_decode(
+                qkv, conv_pool, rows, conv_w, a, b, self.A_log, self.dt_bias, *heads
+            )
+        else:
+            hist = conv_pool.index_select(0, rows).transpose(1, 2).reshape(S * (self.kernel - 1), -1)
+            src = torch.cat([hist.to(qkv.dtype), qkv], dim=0)
+            if ctx.conv_last is not None:  # chains advance the conv history to their last rows' window tails
+                tail = src[ctx.conv_win[ctx.conv_last, 1:]]  # [S, hist, C]
+                conv_pool.index_copy_(0, rows, tail.transpose(1, 2).to(conv_pool.dtype))
+            q, k, v, g, beta = dispatch.gdn_prep(
+                src, ctx.conv_win, conv_w, a, b, self.A_log, self.dt_bias, *heads
+            )
 
         pool = caches.recurrent.state[li]
         if batch.mode == "decode":

@@ -96,3 +96,22 @@ def test_model_with_fused_kernels_matches_reference_path(monkeypatch: pytest.Mon
     fused = run()
     for a, b in zip(fused, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_gdn_prep_decode_advances_conv_history_in_place_like_twin() -> None:
+    prep = _fresh("lumotree.kernels.gdn_prep")
+    hk, dk, hv, dv, W = 2, 8, 4, 16, 4
+    C = 2 * hk * dk + hv * dv
+    gen = torch.Generator().manual_seed(2)
+    pool = torch.randn(5, C, W - 1, generator=gen)
+    rows = torch.tensor([3, 0])
+    qkv = torch.randn(2, C, generator=gen)
+    shapes = [(C, W), (2, hv), (2, hv), (hv,), (hv,)]
+    rest = [torch.randn(sh, generator=gen) for sh in shapes]
+    pool_ref = pool.clone()
+    got = prep.gdn_prep_decode_triton(qkv, pool, rows, rest[0], *rest[1:], hk, dk, hv, dv)
+    ref = prep.gdn_prep_decode_ref(qkv, pool_ref, rows, rest[0], *rest[1:], hk, dk, hv, dv)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert torch.equal(pool, pool_ref)
+    assert torch.equal(pool[3, :, -1], qkv[0]) and torch.equal(pool[0, :, -1], qkv[1])
