@@ -153,6 +153,7 @@ def _time_variant(
     def step() -> Any:
         return model.compute_logits(model(decode, caches))
 
+    out["first_logits"] = step().float().cpu()  # compared across variants (same inputs, other kernels)
     timed = _timer(device)
     for _ in range(warmup):
         step()
@@ -211,6 +212,7 @@ def run(
     out.update(weight_bytes=wbytes, copy_bandwidth_GBps=bw / 1e9, floor_ms=floor_ms, variants={})
     saved = {k: os.environ.get(k) for k in ("LUMOTREE_FUSED", "LUMOTREE_GDN_BACKEND")}
     best: tuple[float, str, str] | None = None
+    ref_logits, ref_name = None, ""
     for name in variants:
         os.environ.update(VARIANTS[name])
         try:
@@ -219,6 +221,14 @@ def run(
             res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(limit=8)}
             if device.type == "cuda":
                 torch.cuda.synchronize()
+        first = res.pop("first_logits", None)
+        if first is not None:
+            if ref_logits is None:
+                ref_logits, ref_name = first, name
+            res[f"logits_rel_diff_vs_{ref_name}"] = float(
+                (first - ref_logits).abs().max() / ref_logits.abs().max().clamp_min(1e-30)
+            )
+            res["logits_finite"] = bool(first.isfinite().all())
         out["variants"][name] = res
         for mode in ("graph", "eager"):
             if res.get(mode):
