@@ -168,8 +168,13 @@ def export_tables(s: Session, sweep_id: int, out: Path, fmt: str) -> list[Path]:
         if fmt == "csv":
             _write_csv(path, rows)
         else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
+            try:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+            except ImportError as exc:  # the small dashboard image leaves pyarrow out
+                raise RuntimeError(
+                    "parquet export needs pyarrow: pip install pyarrow (or use --format csv)"
+                ) from exc
 
             pq.write_table(pa.Table.from_pylist(rows), path)
         paths.append(path)

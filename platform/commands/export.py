@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
                 for f in fmt:
                     try:
                         paths = run_export(s, sweep, f, out)
-                    except KeyError as exc:
+                    except (KeyError, RuntimeError) as exc:
                         console.print(f"[red]{exc.args[0]}[/]")
                         raise typer.Exit(1) from exc
                     console.print(f"{f}: {len(paths)} file(s) under {out}")
