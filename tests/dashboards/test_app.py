@@ -31,7 +31,8 @@ def test_sweep_json_has_arm_stats_wilson_and_scatter(filled: tuple[Store, int, i
     assert data["sweep"]["name"] == "done" and data["progress"]["done"] == 24 == data["progress"]["total"]
     assert [a["name"] for a in data["arms"]] == ["ar", "mtp", "eagle", "lumotree"]
     matrix = client.get(f"/api/sweeps/{done}/matrix").json()
-    resolved_in_matrix = [sum(c[3] is True for row in matrix["rows"] for c in row["cells"][j]) for j in range(4)]
+    cells = [[c for row in matrix["rows"] for c in row["cells"][j]] for j in range(4)]
+    resolved_in_matrix = [sum(c[3] is True for c in column) for column in cells]
     assert resolved_in_matrix == [a["resolved"] for a in data["arms"]]
     for arm in data["arms"]:
         ci = wilson_interval(arm["resolved"], arm["done"])

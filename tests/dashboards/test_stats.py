@@ -45,4 +45,3 @@ def test_fisher_matches_scipy(table: tuple[int, int, int, int]) -> None:
     a, b, c, d = table
     expected = 1.0 if a + b + c + d == 0 else stats.fisher_exact([[a, b], [c, d]]).pvalue
     assert fisher_exact(a, b, c, d) == pytest.approx(expected, rel=1e-9)
-
