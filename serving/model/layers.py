@@ -50,8 +50,9 @@ class MLP(nn.Module):
         return self.down_proj(dispatch.silu_mul(self.gate_proj(x), self.up_proj(x)))
 
 
-def rope_inv_freq(rotary_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Computed on ``device`` itself (no host copy), so a first forward inside CUDA graph capture is safe."""
+    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device=device) / rotary_dim))
 
 
 def rope_cos_sin(

@@ -102,7 +102,10 @@ class HybridModel(nn.Module):
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
         if device not in self._inv_freq:
-            self._inv_freq[device] = rope_inv_freq(self.config.rotary_dim, self.config.rope_theta).to(device)
+            freq = rope_inv_freq(self.config.rotary_dim, self.config.rope_theta, device)
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                return freq  # only valid inside the graph being captured: do not cache it
+            self._inv_freq[device] = freq
         return self._inv_freq[device]
 
     def context(self, batch: ForwardBatch) -> ForwardContext:
