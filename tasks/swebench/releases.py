@@ -31,6 +31,7 @@ class Release:
     filename: str  # the sdist's file name
     url: str = ""  # where the index serves it
     sha256: str = ""  # the index's digest of it, checked after download
+    requires_python: str = ""  # the release's Python requirement as the index lists it ("" when none)
 
     def __post_init__(self) -> None:
         assert self.uploaded.tzinfo is not None, "upload times are compared across zones: keep them aware"
@@ -92,8 +93,19 @@ def list_releases(config: SwebenchConfig) -> list[Release]:
             continue
         url = urllib.parse.urljoin(f"{index_url(config)}/{config.project}/", f.get("url", ""))
         sha = f.get("hashes", {}).get("sha256", "")
-        releases[ver] = Release(ver, parse_time(f["upload-time"]), name, url, sha)
+        pyreq = f.get("requires-python") or ""
+        releases[ver] = Release(ver, parse_time(f["upload-time"]), name, url, sha, pyreq)
     return sorted(releases.values(), key=lambda r: r.uploaded)
+
+
+def supports_python(release: Release, python: str) -> bool:
+    """Whether the release declares support for ``python`` (releases declaring nothing are given a try)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        return not release.requires_python or SpecifierSet(release.requires_python).contains(python + ".0")
+    except InvalidSpecifier:
+        return True
 
 
 def major_minor(version: str) -> tuple[int, int]:

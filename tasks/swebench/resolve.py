@@ -32,6 +32,7 @@ from lumotree.tasks.swebench.releases import (
     fetch_sdist,
     list_releases,
     major_minor,
+    supports_python,
 )
 from lumotree.tasks.swebench.source import check_release
 from lumotree.tasks.swebench.specs import era_for, test_command
@@ -215,6 +216,12 @@ def _from_releases(
     )
     survivors = []
     for rel in releases:
+        if not supports_python(rel, era_for(rel.version).python):
+            py = era_for(rel.version).python
+            attempts.append(
+                Attempt(rel.version, "", "static", f"requires Python {rel.requires_python}, not {py}")
+            )
+            continue
         directions, why = check_release(instance, _source_tree(config, rel))
         if directions is None:
             attempts.append(Attempt(rel.version, "", "static", why))

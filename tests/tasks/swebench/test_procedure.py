@@ -105,3 +105,11 @@ def test_patch_files_and_test_names() -> None:
     assert patch_files(_instance().patch) == ["pkg/mod.py"]
     assert split_test_id("a/test_b.py::TestC::test_d[x-1]") == ("a/test_b.py", "test_d")
     assert split_test_id("not a pytest id") is None
+
+
+def test_python_requirement_of_a_release() -> None:
+    from lumotree.tasks.swebench.releases import supports_python
+
+    assert supports_python(Release("6.0.0", T0, "p.tar.gz", requires_python=">=3.9"), "3.9")
+    assert not supports_python(Release("6.1.0", T0, "p.tar.gz", requires_python=">=3.10"), "3.9")
+    assert supports_python(Release("1.0", T0, "p.tar.gz"), "3.9")
