@@ -58,7 +58,14 @@ def trajectory(detail: dict[str, Any]) -> dict[str, Any]:
     fields = ("resolved", "status", "tries", "error", "requests", "prompt_tokens", "completion_tokens")
     decode = ("decode_tok_s", "decode_seconds", "drafts", "draft_tokens", "accepted_tokens")
     accept = ("acceptance_rate", "acceptance_length", "wall_seconds", "agent_seconds", "eval_seconds")
-    per_request = ("index", "prompt_tokens", "completion_tokens", "steps", "drafts", "draft_tokens")
+    per_request: tuple[str, ...] = (
+        "index",
+        "prompt_tokens",
+        "completion_tokens",
+        "steps",
+        "drafts",
+        "draft_tokens",
+    )
     per_request += ("accepted_tokens", "accepted_per_position", "spans", "timings", "decode_seconds")
     return {
         "info": {

@@ -24,12 +24,12 @@ import datetime as dt
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from lumotree.db import models as m
 from lumotree.db.engine import make_engine, write_engine
 from lumotree.db.models import DONE, ERROR, PENDING, RUNNING, utcnow
-from sqlalchemy import Engine, and_, delete, func, or_, select, update
+from sqlalchemy import CursorResult, Engine, and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -109,6 +109,11 @@ def _update(model: type[m.Base]) -> Any:
     # The ORM's default session synchronization walks the identity map per statement; our sessions are short
     # and never reuse updated objects, so skip it (it was most of the claim's cost).
     return update(model).execution_options(synchronize_session=False)
+
+
+def _rowcount(result: Any) -> int:
+    # Session.execute is typed as returning Result; DML statements give a CursorResult with a rowcount.
+    return int(cast(CursorResult[Any], result).rowcount)
 
 
 def _delete(model: type[m.Base]) -> Any:
@@ -308,7 +313,7 @@ class Store:
                         error=None,
                     )
                 )
-                if claimed.rowcount != 1:
+                if _rowcount(claimed) != 1:
                     continue  # another owner took it between select and update: pick again
                 # A re-claimed attempt restarts from scratch: drop what the dead try wrote.
                 s.execute(_delete(m.Request).where(m.Request.attempt_id == candidate))
@@ -360,7 +365,7 @@ class Store:
             until = utcnow() + dt.timedelta(seconds=lease_seconds)
             query = _update(m.Attempt).where(self._owned(attempt_id, owner)).values(lease_until=until)
             res = s.execute(query)
-            return res.rowcount == 1
+            return _rowcount(res) == 1
 
     def finish_attempt(self, attempt_id: int, owner: str, result: AttemptResult) -> bool:
         """Store the result and mark the attempt done; False (nothing written) if the owner lost it.
@@ -374,7 +379,7 @@ class Store:
                 .where(self._owned(attempt_id, owner))
                 .values(status=DONE, finished=utcnow(), lease_until=None, **values)
             )
-            if res.rowcount == 1:
+            if _rowcount(res) == 1:
                 return True
             again = s.scalar(
                 select(m.Attempt.id).where(
@@ -391,7 +396,7 @@ class Store:
                 .where(self._owned(attempt_id, owner))
                 .values(status=ERROR, error=error, finished=utcnow(), lease_until=None)
             )
-            return res.rowcount == 1
+            return _rowcount(res) == 1
 
     def release_attempt(self, attempt_id: int, owner: str) -> bool:
         """Give a running attempt back unstarted (e.g. on Ctrl-C): pending again, try not counted."""
@@ -401,7 +406,7 @@ class Store:
                 .where(self._owned(attempt_id, owner))
                 .values(status=PENDING, owner=None, lease_until=None, started=None, tries=m.Attempt.tries - 1)
             )
-            return res.rowcount == 1
+            return _rowcount(res) == 1
 
     def import_attempts(
         self, sweep_id: int, rows: Sequence[tuple[int, int, int, AttemptResult]], owner: str = "import"
