@@ -10,8 +10,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from lumotree.db.engine import make_engine
-from sqlalchemy import Engine
+from lumotree.db.engine import make_engine, write_engine
+from sqlalchemy import Engine, text
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -22,10 +22,20 @@ def alembic_config() -> Config:
     return config
 
 
+# Key of the PostgreSQL advisory lock that serializes concurrent migrations ("lumotree" in ASCII).
+PG_LOCK_KEY = 0x6C756D6F74726565
+
+
 def upgrade_engine(engine: Engine, revision: str = "head") -> None:
+    """Migrate on ``engine``. Processes that start together (orchestrator workers, the dashboard) serialize:
+    SQLite through an immediate (write-locked) transaction, PostgreSQL through a transaction-scoped advisory
+    lock; the later ones then find the schema at head and do nothing."""
     config = alembic_config()
-    # A write transaction so concurrent first starts (orchestrator + dashboard) serialize on SQLite.
-    with engine.connect() as connection:
+    with write_engine(engine).connect() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_LOCK_KEY})
+        else:
+            connection.execute(text("SELECT 1"))  # opens the BEGIN IMMEDIATE transaction before alembic reads
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
         connection.commit()
