@@ -92,7 +92,9 @@ class TrainLM(nn.Module):
         return self.lm.model.embed_tokens
 
     def rope(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0).expand(x.shape[0], -1)
+        # Qwen3.5's rotary takes (3, batch, positions) grids; text positions repeat on every grid. Older
+        # transformers releases index that axis directly, so it is passed explicitly.
+        pos = torch.arange(x.shape[1], device=x.device).expand(3, x.shape[0], -1)
         return self.lm.model.rotary_emb(x, pos)
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
