@@ -25,6 +25,7 @@ from lumotree.serving.request import Request, RequestStats, Status
 from lumotree.serving.runner import ModelRunner, RunnerConfig
 from lumotree.serving.sampler import PresenceHistory, Sampler, SamplingParams, TreeBatch, random_seed
 from lumotree.serving.scheduler import PrefillChunk, Scheduler, SchedulerConfig
+from lumotree.serving.verifier import Verifier
 
 
 @dataclass
@@ -128,6 +129,7 @@ class Engine:
                          config.graph_batch_sizes),
         )  # fmt: skip
         self.sampler = Sampler(mc.vocab_size, self.device)
+        self.verifier = Verifier(model, self.caches, self.sampler)
         self.history = PresenceHistory(config.max_seqs + 1, mc.vocab_size, self.device)
         self.counters = EngineCounters()
         self.timer = SpanTimer(self.device)
@@ -256,38 +258,42 @@ class Engine:
         with self.timer.span("drafting", self.counters):
             trees = self.arm.propose(reqs)
         assert len(trees) == len(reqs), "the arm must propose one tree per request"
-        plain = all(t.size == 1 for t in trees)
-        record = None
+        for t, r in zip(trees, reqs, strict=True):
+            assert t.prefix_len == r.context_len, "a tree's prefix_len must be its request's context_len"
+        plain = all(t.num_rows == 1 for t in trees)
+        out = None
         with self.timer.span("target_forward", self.counters):
             if plain:
                 logits, hidden = self.runner.decode(reqs)
-                for t, r in zip(trees, reqs, strict=True):
-                    assert t.token_list()[0] == r.pending_token, "tree root must be the pending token"
                 tb = TreeBatch.roots(torch.tensor([r.pending_token for r in reqs], device=self.device))
             else:
-                tokens = [t.token_list() for t in trees]
-                for toks, r in zip(tokens, reqs, strict=True):
-                    assert toks[0] == r.pending_token, "tree root must be the pending token"
-                logits, hidden, record = self.runner.tree(reqs, tokens, [list(t.parents) for t in trees])
-                tb = TreeBatch.build([(tk, t.parents, t.active) for tk, t in zip(tokens, trees, strict=True)],
-                                     self.device)  # fmt: skip
+                out = self.verifier.verify([r.req_id for r in reqs], trees)
+                logits, hidden, tb = out.logits, out.hidden, out.tree_batch()
         with self.timer.span("sampling", self.counters):
             res = self.sampler.walk(
                 tb, logits, self.history.rows(self._rows(reqs)), [r.params for r in reqs], self._seeds(reqs),
                 torch.tensor([len(r.output_ids) for r in reqs], device=self.device),
             )  # fmt: skip
-        if record is not None:
+        if out is not None:
             with self.timer.span("commit", self.counters):
-                self.runner.commit(record, res.accepted)
-        accepted = [[i for i in row if i >= 0] for row in res.accepted.tolist()]  # the step's one sync
-        bonus = res.bonus.tolist()
+                self.verifier.commit(out, res)
+        # The step's one host read: accepted rows, their tokens and the bonus, all together.
+        starts = torch.tensor(tb.offsets[:-1], device=self.device)
+        acc_tok = tb.tokens[(starts[:, None] + res.accepted.clamp(min=0)).clamp(max=tb.tokens.shape[0] - 1)]
+        host = torch.cat([res.accepted, acc_tok, res.bonus[:, None]], 1).tolist()
+        width = res.accepted.shape[1]
+        accepted = [[i for i in row[:width] if i >= 0] for row in host]
+        acc_tokens = [row[width : width + len(a)] for row, a in zip(host, accepted, strict=True)]
+        bonus = [row[-1] for row in host]
         ctx_before = [r.context_len for r in reqs]
         new_tokens = []
-        for r, t, acc, b in zip(reqs, trees, accepted, bonus, strict=True):
-            r.context_len += len(acc)  # root + accepted drafts are now committed
-            toks = t.token_list() if not plain else [r.pending_token]
-            new_tokens.append([toks[i] for i in acc[1:]] + [b])
-        self.arm.on_step(StepFeedback(reqs, trees, hidden, tb.offsets, accepted, bonus, ctx_before))
+        for r, toks, b in zip(reqs, acc_tokens, bonus, strict=True):
+            assert toks[0] == r.pending_token, "tree root must be the pending token"
+            r.context_len += len(toks)  # root + accepted drafts are now committed
+            new_tokens.append(toks[1:] + [b])
+        self.arm.on_step(
+            StepFeedback(reqs, trees, hidden, tb.offsets, accepted, acc_tokens, bonus, ctx_before)
+        )
         elapsed = time.perf_counter() - t0
         c = self.counters
         c.steps += 1

@@ -1,4 +1,5 @@
-"""Model runner: builds ``ForwardBatch``es, runs the target, and replays decode steps through CUDA graphs.
+"""Model runner: builds prefill and decode ``ForwardBatch``es, runs the target, and replays decode steps through
+CUDA graphs. Tree verification goes through ``verifier.Verifier`` (the one verify/select/commit path).
 
 Decode batches go through static buffers padded to a captured batch size; padded rows point at a private
 padding sequence (its own pool row and KV block), so they never touch a real request's state. On CUDA each
@@ -11,7 +12,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from lumotree.serving.batch import ForwardBatch
@@ -72,7 +72,7 @@ class ModelRunner:
                 self.graphs.clear()
                 torch.cuda.synchronize()
 
-    # ---------------------------------------------------------------- prefill and tree
+    # ---------------------------------------------------------------- prefill
     def prefill(self, chunks: Sequence[PrefillChunk]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Run prompt chunks. Returns (hidden [R, H], logits [S, V] of each chunk's last row, row offsets)."""
         reqs = [c.request for c in chunks]
@@ -88,20 +88,6 @@ class ModelRunner:
             offsets.append(offsets[-1] + c.length)
         last = torch.tensor([o - 1 for o in offsets[1:]], device=self.device)
         return hidden, self.model.compute_logits(hidden[last]), offsets
-
-    def tree(
-        self, reqs: Sequence[Request], tokens: Sequence[Sequence[int]], parents: Sequence[Sequence[int]]
-    ):
-        """One tree-mode forward over every request's tree. Returns (logits [N, V], hidden [N, H], record)."""
-        batch = self.caches.make_batch(
-            "tree", [r.req_id for r in reqs], tokens, [r.context_len for r in reqs], parents
-        )
-        hidden = self.model(batch, self.caches)
-        return self.model.compute_logits(hidden), hidden, self.model.tree_record
-
-    def commit(self, record: Any, accepted: torch.Tensor) -> torch.Tensor:
-        """Publish accepted paths ([S, D] local rows, root first, -1 padded) to the state surfaces."""
-        return self.model.commit(record, accepted, self.caches)
 
     # ---------------------------------------------------------------- decode
     def decode(self, reqs: Sequence[Request]) -> tuple[torch.Tensor, torch.Tensor]:

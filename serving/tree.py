@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 import torch
@@ -247,6 +247,14 @@ class TreeTopology:
         return self._cache["children"]  # type: ignore[no-any-return]
 
     @property
+    def row_to_node(self) -> tuple[int, ...]:
+        """Logical node of each row (inverse of ``node_to_row``)."""
+        out = [0] * self.num_rows
+        for node, r in enumerate(self.node_to_row):
+            out[r] = node
+        return tuple(out)
+
+    @property
     def row_of_route(self) -> dict[tuple[int, ...], int]:
         if "route" not in self._cache:
             self._cache["route"] = {r: i for i, r in enumerate(self.routes)}
@@ -330,9 +338,39 @@ class TreeDescriptor:
         out[rows] = toks
         return TreeDescriptor(topo, out, prefix_len)
 
+    @staticmethod
+    def build(
+        token_ids: torch.Tensor | Sequence[int],
+        parents: Sequence[int],
+        prefix_len: int,
+        active: Sequence[bool] | None = None,
+        device: torch.device | str | None = None,
+    ) -> TreeDescriptor:
+        """From a drafter's logical tree (node 0 = root = the pending token, parents first): the topology is
+        cached per (parents, active) shape, tokens are placed in row order (they may stay on the device)."""
+        topo = _topology(tuple(int(p) for p in parents), None if active is None else tuple(map(bool, active)))
+        toks = torch.as_tensor(token_ids, dtype=torch.long)
+        if device is not None:
+            toks = toks.to(device)
+        if topo.node_to_row != tuple(range(topo.num_rows)):
+            toks = toks[torch.tensor(topo.row_to_node, device=toks.device)]
+        return TreeDescriptor(topo, toks, prefix_len)
+
+    @staticmethod
+    def root(token: int, prefix_len: int, device: torch.device | str = "cpu") -> TreeDescriptor:
+        """A bare root (AR): one row, no drafts."""
+        return TreeDescriptor(
+            chain(0), torch.tensor([int(token)], dtype=torch.long, device=device), prefix_len
+        )
+
     @property
     def num_rows(self) -> int:
         return self.topology.num_rows
+
+    @property
+    def num_drafts(self) -> int:
+        """Draft tokens offered for acceptance this step (active rows other than the root)."""
+        return sum(self.active_mask[1:])
 
     @property
     def parents(self) -> tuple[int, ...]:
@@ -360,6 +398,11 @@ class TreeDescriptor:
     @property
     def node_to_row(self) -> tuple[int, ...]:
         return self.topology.node_to_row
+
+
+@lru_cache(maxsize=1024)
+def _topology(parents: tuple[int, ...], active: tuple[bool, ...] | None) -> TreeTopology:
+    return TreeTopology.from_parents(parents, active, name="drafted")
 
 
 def chain(num_draft: int, name: str | None = None) -> TreeTopology:

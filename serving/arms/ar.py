@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lumotree.serving.arms.base import DraftTree, PrefillFeedback, StepFeedback
+from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
 from lumotree.serving.request import Request
+from lumotree.serving.tree import TreeDescriptor
 
 
 class ARArm:
@@ -26,8 +27,8 @@ class ARArm:
     def on_prefill(self, feedback: PrefillFeedback) -> None:
         pass
 
-    def propose(self, requests: Sequence[Request]) -> list[DraftTree]:
-        return [DraftTree.root(r.pending_token) for r in requests]
+    def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
+        return [TreeDescriptor.root(r.pending_token, r.context_len) for r in requests]
 
     def on_step(self, feedback: StepFeedback) -> None:
         pass

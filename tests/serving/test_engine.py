@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from lumotree.serving.arms import DraftTree, PrefillFeedback, StepFeedback
+from lumotree.serving.arms import PrefillFeedback, StepFeedback
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.loader import load_model
 from lumotree.serving.request import Request
 from lumotree.serving.sampler import SamplingParams
+from lumotree.serving.tree import TreeDescriptor
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], [3]]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=14, ignore_eos=True)
@@ -128,7 +129,7 @@ class ScriptedArm:
     def on_prefill(self, feedback: PrefillFeedback) -> None:
         assert feedback.hidden.shape[0] == feedback.row_offsets[-1]
 
-    def propose(self, requests: Sequence[Request]) -> list[DraftTree]:
+    def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         self.steps += 1
         trees = []
         for r in requests:
@@ -136,21 +137,23 @@ class ScriptedArm:
             nxt = ref[len(r.output_ids) : len(r.output_ids) + 5]
             nxt = [t if (self.steps + j) % 4 else (t + 1) % self.vocab for j, t in enumerate(nxt)]
             if self.steps % 3 == 0 or not nxt:
-                trees.append(DraftTree.root(r.pending_token))
+                trees.append(TreeDescriptor.root(r.pending_token, r.context_len))
             elif self.shape == "chain":
-                trees.append(DraftTree.chain([r.pending_token] + nxt))
+                trees.append(
+                    TreeDescriptor.build([r.pending_token] + nxt, range(-1, len(nxt)), r.context_len)
+                )
             else:
                 wrong = (nxt[0] + 7) % self.vocab
                 toks = [r.pending_token, nxt[0], wrong, nxt[0]] + nxt[1:]
                 parents = [-1, 0, 0, 0] + list(range(3, 3 + len(nxt) - 1))
                 active = [True, False, True, True] + [True] * (len(nxt) - 1)
-                trees.append(DraftTree(toks, parents, active))
+                trees.append(TreeDescriptor.build(toks, parents, r.context_len, active))
         return trees
 
     def on_step(self, feedback: StepFeedback) -> None:
         self.seen.append(feedback)
         for tree, acc in zip(feedback.trees, feedback.accepted, strict=True):
-            assert tree.active is None or all(tree.active[i] for i in acc)
+            assert all(tree.active_mask[i] for i in acc)
 
     def release(self, request: Request) -> None:
         pass
