@@ -83,6 +83,11 @@ def eagle_config(target_config: dict[str, Any], intermediate_size: int) -> dict[
     return cfg
 
 
+def rope_grids(positions: torch.Tensor) -> torch.Tensor:
+    """[B, T] text positions -> the (3, B, T) grids Qwen3.5's rotary takes (older transformers index that axis)."""
+    return positions.expand(3, *positions.shape[-2:]) if positions.ndim == 2 else positions
+
+
 class EagleHead(nn.Module):
     """The draft head; ``embed`` and ``lm_head`` stay the target's and are passed in, never stored."""
 
@@ -98,7 +103,7 @@ class EagleHead(nn.Module):
         self.rotary = Qwen3_5TextRotaryEmbedding(tc)
 
     def rope(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rotary(x, positions)
+        return self.rotary(x, rope_grids(positions))
 
     def forward(
         self, next_embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor
@@ -131,3 +136,59 @@ class EagleHead(nn.Module):
         if missing or unexpected:
             raise ValueError(f"{p}/model.safetensors: missing {missing}, unexpected {unexpected}")
         return head.to(device=device, dtype=dtype).eval()
+
+
+class EagleLayer(nn.Module):
+    """The head on the serving stack (paged KV of its own, the same attention kernels as the target):
+    ``fc`` -> one full-attention ``DecoderLayer`` -> ``norm``; loads ``eagle/model.safetensors`` as is."""
+
+    def __init__(self, config: Any) -> None:  # config: serving ModelConfig of eagle/config.json
+        super().__init__()
+        from ..model.layers import RMSNorm
+        from ..model.model import DecoderLayer
+
+        h = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.layers = nn.ModuleList([DecoderLayer(config, "full_attention", 0)])
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor, ctx: Any, caches: Any) -> torch.Tensor:
+        x = self.fc(torch.cat([embeds, features], dim=-1))
+        return self.norm(self.layers[0](x, ctx, caches, None))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, device: torch.device | str, dtype: torch.dtype) -> EagleLayer:
+        from safetensors.torch import load_file
+
+        from ..config import ModelConfig
+
+        p = Path(path)
+        if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+            raise FileNotFoundError(f"{p}: an EAGLE head needs config.json and model.safetensors")
+        layer = cls(ModelConfig.from_dict(json.loads((p / "config.json").read_text()), str(p / "config.json")))
+        state = load_file(str(p / "model.safetensors"))
+        layer.load_state_dict(state, strict=True)
+        return layer.to(device=device, dtype=dtype).eval()
+
+
+def eagle_drafter(model: Any, eagle_dir: str | Path, max_seqs: int, num_blocks: int, block_size: int,
+                  steps: int = 7) -> Any:  # fmt: skip
+    """A chained drafter (``steps`` head passes, top-1) over the EAGLE head in ``eagle_dir``, with its own KV."""
+    from ..cache import CacheConfig, StateCaches
+    from .feature import ChainConfig, FeatureDrafter
+
+    head = EagleLayer.from_pretrained(eagle_dir, next(model.parameters()).device, model.dtype)
+    if head.config.hidden_size != model.config.hidden_size:
+        raise ValueError(f"{eagle_dir}: hidden size {head.config.hidden_size} != the target's")
+    caches = StateCaches(
+        head.config, CacheConfig(max_seqs=max_seqs, num_blocks=num_blocks, block_size=block_size),
+        next(model.parameters()).device, model.dtype,
+    )  # fmt: skip
+
+    def layer(embeds: torch.Tensor, feats: torch.Tensor, batch: Any, c: Any) -> torch.Tensor:
+        return head(embeds, feats, model.context(batch), c)
+
+    drafter = FeatureDrafter(layer, model.embed_tokens, model.compute_logits, caches, ChainConfig(steps, 1), True)
+    drafter.head = head  # type: ignore[attr-defined]  # keep the module alive with the drafter
+    return drafter

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from lumotree.serving.drafters.eagle import FeatureHead, text_config
+from lumotree.serving.drafters.eagle import FeatureHead, rope_grids, text_config
 from lumotree.serving.train.config import ModelDims
 from torch import nn
 
@@ -92,10 +92,8 @@ class TrainLM(nn.Module):
         return self.lm.model.embed_tokens
 
     def rope(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Qwen3.5's rotary takes (3, batch, positions) grids; text positions repeat on every grid. Older
-        # transformers releases index that axis directly, so it is passed explicitly.
-        pos = torch.arange(x.shape[1], device=x.device).expand(3, x.shape[0], -1)
-        return self.lm.model.rotary_emb(x, pos)
+        pos = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
+        return self.lm.model.rotary_emb(x, rope_grids(pos))
 
     def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [B, T, H] trunk output after the final norm (as the serving model's forward returns)."""
