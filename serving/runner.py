@@ -1,4 +1,4 @@
-"""Model runner: builds prefill and decode ``ForwardBatch``es, runs the target, and replays decode steps through
+"""Model runner: builds prefill and decode ``ForwardBatch``es, runs the target, replays decode steps through
 CUDA graphs. Tree verification goes through ``verifier.Verifier`` (the one verify/select/commit path).
 
 Decode batches go through static buffers padded to a captured batch size; padded rows point at a private

@@ -166,7 +166,9 @@ class EagleLayer(nn.Module):
         p = Path(path)
         if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
             raise FileNotFoundError(f"{p}: an EAGLE head needs config.json and model.safetensors")
-        layer = cls(ModelConfig.from_dict(json.loads((p / "config.json").read_text()), str(p / "config.json")))
+        layer = cls(
+            ModelConfig.from_dict(json.loads((p / "config.json").read_text()), str(p / "config.json"))
+        )
         state = load_file(str(p / "model.safetensors"))
         layer.load_state_dict(state, strict=True)
         return layer.to(device=device, dtype=dtype).eval()
@@ -189,6 +191,8 @@ def eagle_drafter(model: Any, eagle_dir: str | Path, max_seqs: int, num_blocks: 
     def layer(embeds: torch.Tensor, feats: torch.Tensor, batch: Any, c: Any) -> torch.Tensor:
         return head(embeds, feats, model.context(batch), c)
 
-    drafter = FeatureDrafter(layer, model.embed_tokens, model.compute_logits, caches, ChainConfig(steps, 1), True)
+    drafter = FeatureDrafter(
+        layer, model.embed_tokens, model.compute_logits, caches, ChainConfig(steps, 1), True
+    )
     drafter.head = head  # type: ignore[attr-defined]  # keep the module alive with the drafter
     return drafter

@@ -1,0 +1,71 @@
+"""What the MTP, EAGLE and LumoTree arms share: feeding a feature drafter from prefill and verify feedback.
+
+After a prefill chunk, rows s .. e-1 of the prompt go to the drafter with the token after each (the next
+prompt token, or the first sampled token at the end of the prompt). After a verify step, the accepted path
+(root first) goes with the next accepted token of each row and the bonus token last. The drafter then holds
+every committed row when ``propose`` asks it for drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
+from lumotree.serving.drafters.feature import Drafts, FeatureDrafter
+from lumotree.serving.request import Request
+from lumotree.serving.tree import TreeDescriptor
+
+
+class ChainedArm:
+    """Base of the speculative arms: subclasses build ``self.drafter`` in ``start`` and shape the trees."""
+
+    name = "chained"
+    drafter: FeatureDrafter
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    def max_tree_rows(self) -> int:
+        return self.depth + 1
+
+    def start(self, engine: Any) -> None:
+        self.device = engine.device
+
+    def on_prefill(self, feedback: PrefillFeedback) -> None:
+        for i, r in enumerate(feedback.requests):
+            lo, hi = feedback.row_offsets[i], feedback.row_offsets[i + 1]
+            s = feedback.start_positions[i]
+            e = s + hi - lo
+            nxt = r.prompt_ids[s + 1 : e]
+            if e < len(r.prompt_ids):
+                nxt.append(r.prompt_ids[e])
+            else:
+                first = feedback.first_tokens[i]
+                assert first is not None, "a completed prompt has its first token"
+                nxt.append(first)
+            self.drafter.feed(r.req_id, s, nxt, feedback.hidden[lo:hi])
+
+    def on_step(self, feedback: StepFeedback) -> None:
+        for i, r in enumerate(feedback.requests):
+            if r.finished:
+                continue
+            rows = torch.tensor(feedback.accepted[i], device=feedback.hidden.device) + feedback.row_offsets[i]
+            nxt = feedback.accepted_tokens[i][1:] + [feedback.bonus[i]]
+            self.drafter.feed(r.req_id, feedback.context_lens_before[i], nxt, feedback.hidden[rows])
+
+    def drafts(self, requests: Sequence[Request]) -> Drafts:
+        return self.drafter.draft([r.req_id for r in requests], [r.context_len for r in requests])
+
+    def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
+        """Chains (MTP-k, EAGLE): the top-1 token of every depth, verified as a fanout-1 tree."""
+        from lumotree.serving.tree_builder import build_chain
+
+        toks = self.drafts(requests).tokens[:, :, 0]
+        return [
+            build_chain(r.pending_token, toks[i], r.context_len, self.device) for i, r in enumerate(requests)
+        ]
+
+    def release(self, request: Request) -> None:
+        self.drafter.release(request.req_id)

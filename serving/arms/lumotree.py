@@ -1,0 +1,78 @@
+"""LumoTree: MTP top-3 per depth plus suffix drafting, spent on a tree that the one verifier checks.
+
+``tree="hydra27"``: the paper's fixed 32-row shape (MTP spine + two runner-ups per depth 1-5, suffix tail at
+depths 6-11, suffix rescue chains under the root's runner-ups; rows left without a candidate stay padded and
+never enter sampling). ``tree="adaptive"``: the 32 rows go to the candidates of highest path confidence (MTP
+probabilities and suffix vote shares), see ``tree_builder.build_adaptive``.
+
+Drafting reads the MTP candidates on the host once per step (the tree shape depends on them and on suffix
+matches); verification, selection and commit then read the descriptor without host round trips.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
+from lumotree.serving.arms.chained import ChainedArm
+from lumotree.serving.drafters.feature import ChainConfig
+from lumotree.serving.drafters.mtp import mtp_drafter
+from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter
+from lumotree.serving.request import Request
+from lumotree.serving.tree import TreeDescriptor, hydra27
+from lumotree.serving.tree_builder import AdaptiveConfig, build_adaptive, build_fixed
+
+TREES = ("hydra27", "adaptive")
+
+
+class LumoTreeArm(ChainedArm):
+    name = "lumotree"
+
+    def __init__(self, tree: str = "hydra27", mtp_k: int = 5, topk: int = 3, **_options: Any) -> None:
+        if tree not in TREES:
+            raise ValueError(f"unknown tree {tree!r}; choose one of {', '.join(TREES)}")
+        super().__init__(int(mtp_k))
+        self.tree = tree
+        self.topk = topk
+        self.adaptive = AdaptiveConfig()
+        self.suffix_cache = SuffixCache(SuffixConfig())
+        self.suffix: dict[str, SuffixDrafter] = {}
+
+    def max_tree_rows(self) -> int:
+        return hydra27().num_rows if self.tree == "hydra27" else self.adaptive.budget
+
+    def start(self, engine: Any) -> None:
+        super().start(engine)
+        self.drafter = mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, self.topk))
+
+    def on_prefill(self, feedback: PrefillFeedback) -> None:
+        super().on_prefill(feedback)
+        for r in feedback.requests:
+            if r.req_id not in self.suffix:
+                self.suffix[r.req_id] = SuffixDrafter(r.prompt_ids, cache=self.suffix_cache)
+
+    def on_step(self, feedback: StepFeedback) -> None:
+        super().on_step(feedback)
+        for r, toks in zip(feedback.requests, feedback.accepted_tokens, strict=True):
+            self.suffix[r.req_id].extend(toks)  # committed: the root and the accepted drafts
+
+    def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
+        d = self.drafts(requests)
+        tokens, probs = d.tokens.tolist(), d.probs.tolist()  # the drafting step's one host read
+        out = []
+        for r, tk, pr in zip(requests, tokens, probs, strict=True):
+            sfx = self.suffix[r.req_id]
+            if self.tree == "hydra27":
+                out.append(build_fixed(hydra27(), r.pending_token, tk, sfx, r.context_len, self.device))
+            else:
+                out.append(
+                    build_adaptive(r.pending_token, tk, pr, sfx, r.context_len, self.adaptive, self.device)
+                )
+        return out
+
+    def release(self, request: Request) -> None:
+        super().release(request)
+        sfx = self.suffix.pop(request.req_id, None)
+        if sfx is not None:
+            sfx.finish()

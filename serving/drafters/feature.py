@@ -1,0 +1,131 @@
+"""Chained feature-level drafting, shared by the MTP layer and the EAGLE head.
+
+Both drafters are one decoder layer over ``fc([embed(x_{t+1}), f_t])``: row t sits at position t, reads the
+token after it and the target's hidden state ``f_t`` (after the final norm), and predicts ``x_{t+2}`` through
+the target's lm_head (vLLM's convention). The layer has its own KV (the MTP's KV layers follow the model's
+attention layers in the engine's cache; the EAGLE head gets a cache of its own).
+
+Per step and request:
+- *extend*: one pass over the rows committed since the last draft (the prompt after prefill; after a verify
+  step the accepted path, root first, each with the next accepted token and the bonus last). These rows carry
+  the target's own features, so their KV is exactly what a drafter run alongside plain decoding would hold:
+  accepted rows keep their (recomputed) KV, and whatever a rejected draft wrote at those positions is
+  overwritten. The last row's output gives the depth-1 candidates.
+- *chain*: ``depth - 1`` more passes, each on the previous pass's top token and the drafter's own output
+  feature, at the next position (decode mode, one row per request). Their KV is scratch beyond the committed
+  prefix and gets overwritten by the next extend.
+
+All requests of a step go through each pass together; tokens and features stay on the device (the only host
+values are row counts and positions), so the chain has no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..batch import ForwardBatch
+from ..cache import StateCaches
+
+Layer = Callable[[torch.Tensor, torch.Tensor, ForwardBatch, StateCaches], torch.Tensor]
+"""(embeds [R, H], features [R, H], batch, caches) -> output features [R, H] (writes the layer's KV)."""
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """Shape of one chained draft."""
+
+    depth: int = 5
+    """Drafter passes = draft tokens along the top-1 spine (MTP-k: k; EAGLE: 7)."""
+    topk: int = 1
+    """Candidates kept per depth (3 for the hydra27 tree); the chain itself follows the top one."""
+
+    def __post_init__(self) -> None:
+        assert self.depth >= 1 and self.topk >= 1, self
+
+
+@dataclass
+class Drafts:
+    """Candidates of every request, depth by depth along the top-1 spine (device tensors)."""
+
+    tokens: torch.Tensor
+    """[S, depth, topk] int64, most probable first."""
+    probs: torch.Tensor
+    """[S, depth, topk] fp32 drafter probabilities (softmax of its logits)."""
+
+
+@dataclass
+class _Pending:
+    start: int
+    """Position of the first row not yet run through the drafter."""
+    tokens: list[int] = field(default_factory=list)
+    """Token x_{t+1} of each row t."""
+    features: list[torch.Tensor] = field(default_factory=list)
+    """Target features f_t of the rows, in chunks."""
+
+
+class FeatureDrafter:
+    """Extend + chain over a feature layer; ``embed`` and ``logits`` are the target's (shared) ones."""
+
+    def __init__(
+        self,
+        layer: Layer,
+        embed: Callable[[torch.Tensor], torch.Tensor],
+        logits: Callable[[torch.Tensor], torch.Tensor],
+        caches: StateCaches,
+        config: ChainConfig,
+        own_caches: bool,
+    ) -> None:
+        self.layer, self.embed, self.logits = layer, embed, logits
+        self.caches, self.config, self.own_caches = caches, config, own_caches
+        self._pending: dict[str, _Pending] = {}
+
+    def feed(self, seq_id: str, start: int, next_tokens: Sequence[int], features: torch.Tensor) -> None:
+        """Queue rows start .. start + n - 1 (n = len(next_tokens) = features.shape[0])."""
+        assert features.shape[0] == len(next_tokens) > 0, (features.shape, len(next_tokens))
+        p = self._pending.get(seq_id)
+        if p is None:
+            p = self._pending[seq_id] = _Pending(start)
+            if self.own_caches and seq_id not in self.caches.seqs:
+                self.caches.allocate(seq_id, start + len(next_tokens))
+        assert p.start + len(p.tokens) == start, "drafter rows must be fed in position order"
+        p.tokens.extend(int(t) for t in next_tokens)
+        p.features.append(features)
+
+    def has_pending(self, seq_id: str) -> bool:
+        return seq_id in self._pending
+
+    def draft(self, seq_ids: Sequence[str], context_lens: Sequence[int]) -> Drafts:
+        """Run extend + chain for these sequences; ``context_lens[s]`` = position of the pending token."""
+        pend = [self._pending.pop(s) for s in seq_ids]
+        for p, ctx in zip(pend, context_lens, strict=True):
+            assert p.start + len(p.tokens) == ctx, "the drafter must have seen every committed row"
+        ids = list(seq_ids)
+        batch = self.caches.make_batch("prefill", ids, [p.tokens for p in pend], [p.start for p in pend])
+        feats = torch.cat([f for p in pend for f in p.features])
+        h = self.layer(self.embed(batch.input_ids), feats, batch, self.caches)
+        h = h[batch.cu_seqlens[1:] - 1]
+        toks, probs = [], []
+        top = self._top(h)
+        for j in range(1, self.config.depth + 1):
+            toks.append(top[0])
+            probs.append(top[1])
+            if j == self.config.depth:
+                break
+            batch = self.caches.make_batch("decode", ids, [[0]] * len(ids), [c + j - 1 for c in context_lens])
+            batch.input_ids = top[0][:, 0].contiguous()
+            h = self.layer(self.embed(batch.input_ids), h, batch, self.caches)
+            top = self._top(h)
+        return Drafts(torch.stack(toks, 1), torch.stack(probs, 1))
+
+    def _top(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = torch.softmax(self.logits(h).float(), -1)
+        val, idx = p.topk(self.config.topk, dim=-1)
+        return idx, val
+
+    def release(self, seq_id: str) -> None:
+        self._pending.pop(seq_id, None)
+        if self.own_caches and seq_id in self.caches.seqs:
+            self.caches.free(seq_id)
