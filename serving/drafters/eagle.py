@@ -84,7 +84,8 @@ def eagle_config(target_config: dict[str, Any], intermediate_size: int) -> dict[
 
 
 def rope_grids(positions: torch.Tensor) -> torch.Tensor:
-    """[B, T] text positions -> the (3, B, T) grids Qwen3.5's rotary takes (older transformers index that axis)."""
+    """[B, T] text positions -> the (3, B, T) grids Qwen3.5's rotary takes (older transformers index that
+    axis)."""
     return positions.expand(3, *positions.shape[-2:]) if positions.ndim == 2 else positions
 
 
@@ -176,7 +177,7 @@ class EagleLayer(nn.Module):
 
 def eagle_drafter(model: Any, eagle_dir: str | Path, max_seqs: int, num_blocks: int, block_size: int,
                   steps: int = 7) -> Any:  # fmt: skip
-    """A chained drafter (``steps`` head passes, top-1) over the EAGLE head in ``eagle_dir``, with its own KV."""
+    """A chained drafter (``steps`` head passes, top-1) over the EAGLE head in ``eagle_dir`` (own KV)."""
     from ..cache import CacheConfig, StateCaches
     from .feature import ChainConfig, FeatureDrafter
 
