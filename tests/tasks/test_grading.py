@@ -71,7 +71,7 @@ def test_grade_in_docker(mini_image: str) -> None:
     # Bad patches are graded failures with a reason, never exceptions.
     garbage = grade(inst, "this is not a patch\n", mini_image)
     assert not garbage.resolved and not garbage.patch_applied and "does not apply" in garbage.reason
-    # Context that differs is fuzzed in (as SWE-bench's harness does); a removed line that is not there is not.
+    # Differing context is fuzzed in (as SWE-bench's harness does); a removed line that is not there is not.
     fuzzed = grade(inst, GOLD.replace(" def clip(x, lo, hi):", " def clamp(x, lo, hi):"), mini_image)
     assert fuzzed.patch_applied and not fuzzed.resolved
     wrong = grade(inst, GOLD.replace("-    if x < lo:", "-    if x < low:"), mini_image)
