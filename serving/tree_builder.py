@@ -48,6 +48,33 @@ def _mtp_route(route: tuple[int, ...], depth: int, width: int) -> bool:
     return 0 < len(route) <= depth and all(r == 0 for r in route[:-1]) and route[-1] < width
 
 
+def _fixed_plan(
+    topology: TreeTopology, depth: int, width: int
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, list[int]]]]:
+    """Per shape (cached on the topology): MTP rows (row, depth index, rank) and, per MTP anchor, the active
+    rows of the all-zero chain under it, shallowest first."""
+    key = ("fixed_plan", depth, width)
+    if key in topology._cache:
+        return topology._cache[key]  # type: ignore[no-any-return]
+    mtp_rows: list[tuple[int, int, int]] = []
+    below: dict[int, list[int]] = {}  # anchor row -> chain rows under it
+    for r, route in enumerate(topology.routes[1:], 1):
+        if _mtp_route(route, depth, width):
+            mtp_rows.append((r, len(route) - 1, route[-1]))
+            continue
+        anchor = r
+        while not (anchor == 0 or _mtp_route(topology.routes[anchor], depth, width)):
+            anchor = topology.parents[anchor]
+        if anchor != 0 and all(x == 0 for x in route[len(topology.routes[anchor]) :]):
+            below.setdefault(anchor, []).append(r)
+    chains = [
+        (a, [r for r in sorted(rows, key=lambda r: len(topology.routes[r])) if topology.default_active[r]])
+        for a, rows in below.items()
+    ]
+    topology._cache[key] = (mtp_rows, chains)
+    return mtp_rows, chains
+
+
 def build_fixed(
     topology: TreeTopology,
     root: int,
@@ -63,19 +90,10 @@ def build_fixed(
     n = topology.num_rows
     toks: list[int | None] = [None] * n
     toks[0] = int(root)
-    below: dict[int, list[int]] = {}  # anchor row -> chain rows under it, in order
-    for r, route in enumerate(topology.routes[1:], 1):
-        if _mtp_route(route, depth, width):
-            toks[r] = int(mtp[len(route) - 1][route[-1]])
-            continue
-        anchor = r
-        while not (anchor == 0 or _mtp_route(topology.routes[anchor], depth, width)):
-            anchor = topology.parents[anchor]
-        if anchor != 0 and all(x == 0 for x in route[len(topology.routes[anchor]) :]):
-            below.setdefault(anchor, []).append(r)
-    for anchor, rows in below.items():
-        rows.sort(key=lambda r: len(topology.routes[r]))
-        want = [r for r in rows if topology.default_active[r]]
+    mtp_rows, below = _fixed_plan(topology, depth, width)
+    for r, d, j in mtp_rows:
+        toks[r] = int(mtp[d][j])
+    for anchor, want in below:
         if suffix is None or not want:
             continue
         path: list[int] = []

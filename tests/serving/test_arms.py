@@ -1,0 +1,137 @@
+"""Speculative arms against AR on random tiny checkpoints (MTP weights and a random EAGLE head): greedy
+outputs token-identical to AR for every arm at batch 1 and batch 4, counters with vLLM's definitions, drafter
+KV bookkeeping. Prompts are repetitive so that suffix drafts (and some MTP drafts) get accepted and the
+commit path publishes multi-token paths."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lumotree.serving.engine import Engine, EngineConfig
+from lumotree.serving.loader import load_model
+from lumotree.serving.sampler import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _arms_fixtures import write_arms_checkpoint  # noqa: E402
+
+PROMPTS = [
+    [5, 6, 7, 8, 9, 10] * 4,
+    [20, 21, 22, 23] * 5 + [1],
+    [100, 3, 100, 4, 100, 5, 100, 6] * 3,
+    [7] * 10,
+]
+ARMS = {
+    "mtp1": ("mtp", {"mtp_k": 1}),
+    "mtp3": ("mtp", {"mtp_k": 3}),
+    "mtp5": ("mtp", {"mtp_k": 5}),
+    "eagle": ("eagle", {}),
+    "lumotree": ("lumotree", {"tree": "hydra27"}),
+    "adaptive": ("lumotree", {"tree": "adaptive"}),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Two shared cores: intra-op threads only contend on these tiny shapes (10x slower).
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_arms_checkpoint(tmp_path_factory.mktemp("arms") / "model")
+
+
+@pytest.fixture(scope="module")
+def model(ckpt: Path):
+    return load_model(ckpt, "cpu", torch.float32)[0]
+
+
+def run(model, ckpt: Path, arm: str, batch: int, n: int, prompts=PROMPTS) -> Engine:
+    name, opts = ARMS.get(arm, ("ar", {}))
+    if name == "eagle":
+        opts = {**opts, "eagle_path": str(ckpt / "eagle")}
+    eng = Engine(model, None, EngineConfig(arm=name, arm_options=opts, max_seqs=batch, max_model_len=n + 64))
+    eng.results = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    eng.check_no_leaks()
+    return eng
+
+
+@pytest.fixture(scope="module")
+def ar_256(model, ckpt):
+    return [r.output_ids for r in run(model, ckpt, "ar", 1, 256).results]
+
+
+def _check(eng: Engine, want: list[list[int]], arm: str) -> None:
+    got = [r.output_ids for r in eng.results]
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        first = next((j for j, (a, b) in enumerate(zip(g, w, strict=True)) if a != b), None)
+        assert g == w, f"{arm}: prompt {i} differs from AR at output token {first}"
+    c = eng.counters
+    d = c.as_dict()
+    assert c.drafts > 0 and c.draft_tokens >= c.drafts
+    assert d["acceptance_rate"] == c.accepted_tokens / c.draft_tokens
+    assert d["mean_acceptance_length"] == 1 + c.accepted_tokens / c.drafts
+    assert sum(c.accepted_per_pos) == c.accepted_tokens
+    for r, w in zip(eng.results, want, strict=True):  # every emitted token: a step's bonus or an acceptance
+        made = r.stats.decode_steps + r.stats.accepted_tokens
+        assert len(w) - 1 <= made < len(w) + 31  # the last step may accept beyond max_tokens
+    if arm in ("lumotree", "adaptive"):
+        assert c.accepted_tokens > 0, "repetitive prompts must get suffix drafts accepted"
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_greedy_equals_ar_short_batch4(model, ckpt, arm: str) -> None:
+    want = [r.output_ids for r in run(model, ckpt, "ar", 4, 64).results]
+    _check(run(model, ckpt, arm, 4, 64), want, arm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_greedy_equals_ar_256_tokens(model, ckpt, ar_256, arm: str, batch: int) -> None:
+    _check(run(model, ckpt, arm, batch, 256), ar_256, arm)
+
+
+def test_chain_shapes_and_mtp_kv(model, ckpt) -> None:
+    """MTP-k verifies k + 1 rows per step; EAGLE 8 (7 head steps + the root); the MTP KV of committed
+    positions equals a drafter run over the final text in one pass (accepted rows keep their KV, rejected
+    ones are overwritten)."""
+    for arm, rows in (("mtp3", 4), ("eagle", 8)):
+        eng = run(model, ckpt, arm, 4, 24)
+        assert eng.arm.max_tree_rows() == rows
+        assert eng.counters.draft_tokens == (rows - 1) * eng.counters.drafts
+    # MTP KV after decoding = one extend pass over prompt + output with the target's own features.
+    name, opts = ARMS["mtp3"]
+    eng = Engine(model, None, EngineConfig(arm=name, arm_options=opts, max_seqs=1, max_model_len=96))
+    req = eng.add_request(PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+    while len(req.output_ids) < 12:
+        eng.step()
+    ctx = req.context_len
+    kv_layer = len(model.config.attn_layers)
+    blocks = eng.caches.seqs[req.req_id].blocks
+    bs = eng.caches.block_size
+    slots = [blocks[p // bs] * bs + p % bs for p in range(ctx - 1)]
+    got = eng.caches.kv.k[kv_layer].flatten(0, 1)[slots].clone()
+    text = req.prompt_ids + req.output_ids
+    from lumotree.serving.cache import CacheConfig, StateCaches
+
+    fresh = StateCaches(model.config, CacheConfig(max_seqs=1, num_blocks=16, block_size=bs))
+    fresh.allocate(0, len(text))
+    hidden = model(fresh.make_batch("prefill", [0], [text[:ctx]], [0]), fresh)
+    model.forward_mtp(fresh.make_batch("prefill", [0], [text[1 : ctx + 1]], [0]), hidden, fresh)
+    fb = fresh.seqs[0].blocks
+    want = fresh.kv.k[kv_layer].flatten(0, 1)[[fb[p // bs] * bs + p % bs for p in range(ctx - 1)]]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_arm_options_are_checked(model) -> None:
+    with pytest.raises(ValueError, match="unknown tree"):
+        Engine(model, None, EngineConfig(arm="lumotree", arm_options={"tree": "bushy"}))
+    with pytest.raises(FileNotFoundError, match="EAGLE head"):
+        Engine(model, None, EngineConfig(arm="eagle", arm_options={"eagle_path": "/nonexistent"}))
