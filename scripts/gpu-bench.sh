@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Every GPU measurement of the project in one process tree, for a machine with one CUDA GPU and the
+# project's checkout as the working directory: engine CUDA-graph checks, the 27B-shape decode, GDN and arm
+# benchmarks, the GPU audits and the replay of a recorded corpus on the built-in model.
+# Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
+# and a failing step is recorded and skipped so one broken piece never costs the others).
+set -uo pipefail
+out=${1:?usage: gpu-bench.sh OUT_DIR [STEP ...]}; shift
+mkdir -p "$out"
+repo=$(pwd)
+# The checkout is the package root: expose it as `lumotree` without installing.
+pkgroot=$(mktemp -d); ln -s "$repo" "$pkgroot/lumotree"
+export PYTHONPATH="$pkgroot${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+lt() { python3 -m lumotree.platform.cli "$@"; }
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests decode gdn arms audit replay)
+status=0
+run_step() {  # name cap command...
+  local name=$1 cap=$2; shift 2
+  echo "=== $name (cap ${cap}s) ==="
+  local t0=$SECONDS
+  timeout --kill-after=10 "$cap" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$out/steps.txt"
+  tail -n 25 "$out/$name.log"
+  [ $rc -eq 0 ] || status=1
+}
+for s in "${steps[@]}"; do
+  case $s in
+    env) run_step env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
+python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'; \
+git -C '$repo' rev-parse HEAD 2>/dev/null || cat '$repo/.commit' 2>/dev/null" ;;
+    tests) run_step tests 150 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
+      tests/serving/test_engine_cuda.py tests/kernels/test_tree_scan.py -x ;;
+    decode) run_step decode 120 lt bench decode --shapes 27b --batch 1 --context 1024 --json --out "$out/decode_27b.json" ;;
+    gdn) run_step gdn 120 lt bench gdn --json --out "$out/gdn_27b.json" ;;
+    arms) run_step arms 150 lt bench arms --shapes 27b --device cuda --json --out "$out/arms_27b.json" ;;
+    audit) run_step audit 120 lt audit all --device cuda --model tiny --json --out "$out/audit" ;;
+    replay) run_step replay 150 lt replay --corpus bench/replay-corpus.jsonl --arms ar,mtp,eagle,lumotree --runs 3 \
+      --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;
+    *) echo "unknown step $s"; status=1 ;;
+  esac
+done
+exit $status
