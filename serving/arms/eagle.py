@@ -11,19 +11,27 @@ from pathlib import Path
 from typing import Any
 
 from lumotree.serving.arms.chained import ChainedArm
-from lumotree.serving.drafters.eagle import EAGLE_DIR, eagle_drafter
+from lumotree.serving.drafters.eagle import EAGLE_DIR, EagleLayer, eagle_drafter
 
 
 class EagleArm(ChainedArm):
     name = "eagle"
 
-    def __init__(self, eagle_path: str | Path | None = None, eagle_steps: int = 7, **_options: Any) -> None:
+    def __init__(
+        self,
+        eagle_path: str | Path | None = None,
+        eagle_steps: int = 7,
+        eagle_head: EagleLayer | None = None,
+        **_options: Any,
+    ) -> None:
+        """``eagle_path``: the head's folder (default ``<model>/eagle``); ``eagle_head``: a built head."""
         super().__init__(int(eagle_steps))
         self.eagle_path = eagle_path
+        self.eagle_head = eagle_head
 
     def start(self, engine: Any) -> None:
         super().start(engine)
-        path = self.eagle_path
+        path: Any = self.eagle_head if self.eagle_head is not None else self.eagle_path
         if path is None:
             from lumotree.serving.builtin import resolve_model
 

@@ -175,22 +175,41 @@ class EagleLayer(nn.Module):
         return layer.to(device=device, dtype=dtype).eval()
 
 
-def eagle_drafter(model: Any, eagle_dir: str | Path, max_seqs: int, num_blocks: int, block_size: int,
+def random_eagle_layer(target_config: Any, device: torch.device | str, dtype: torch.dtype, std: float = 0.02,
+                       intermediate_size: int | None = None) -> EagleLayer:  # fmt: skip
+    """A random head with the target's shapes (benchmarks: its cost does not depend on its weights)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(
+        target_config, layer_types=("full_attention",), mtp_num_hidden_layers=0,
+        intermediate_size=intermediate_size or target_config.intermediate_size,
+    )  # fmt: skip
+    layer = EagleLayer(cfg).to(device=device, dtype=dtype)
+    with torch.no_grad():
+        for p in layer.parameters():
+            _ = p.zero_() if p.dim() == 1 else p.normal_(0.0, std)
+    return layer.eval()
+
+
+def eagle_drafter(model: Any, head: EagleLayer | str | Path, max_seqs: int, num_blocks: int, block_size: int,
                   steps: int = 7) -> Any:  # fmt: skip
-    """A chained drafter (``steps`` head passes, top-1) over the EAGLE head in ``eagle_dir`` (own KV)."""
+    """A chained drafter (``steps`` head passes, top-1) over an EAGLE head (a layer or its folder), own KV."""
     from ..cache import CacheConfig, StateCaches
     from .feature import ChainConfig, FeatureDrafter
 
-    head = EagleLayer.from_pretrained(eagle_dir, next(model.parameters()).device, model.dtype)
+    device = next(model.parameters()).device
+    if not isinstance(head, EagleLayer):
+        head = EagleLayer.from_pretrained(head, device, model.dtype)
     if head.config.hidden_size != model.config.hidden_size:
-        raise ValueError(f"{eagle_dir}: hidden size {head.config.hidden_size} != the target's")
+        raise ValueError(f"EAGLE head hidden size {head.config.hidden_size} != the target's")
     caches = StateCaches(
         head.config, CacheConfig(max_seqs=max_seqs, num_blocks=num_blocks, block_size=block_size),
-        next(model.parameters()).device, model.dtype,
+        device, model.dtype,
     )  # fmt: skip
+    layer_module = head
 
     def layer(embeds: torch.Tensor, feats: torch.Tensor, batch: Any, c: Any) -> torch.Tensor:
-        return head(embeds, feats, model.context(batch), c)
+        return layer_module(embeds, feats, model.context(batch), c)
 
     drafter = FeatureDrafter(
         layer, model.embed_tokens, model.compute_logits, caches, ChainConfig(steps, 1), True

@@ -1,0 +1,259 @@
+"""``lumotree bench arms``: step cost of every decoding arm, and of tree verification against tree shape.
+
+A random-weight model (``bench decode``'s shapes plus one MTP layer; a random EAGLE head of the same shapes),
+batch 1, one request with a ``--prompt-len`` prefix. Part 1 times whole engine steps of AR (CUDA-graph decode
+where the engine captures it), MTP-5, EAGLE (7 steps) and LumoTree (hydra27, all 32 rows verified) and splits
+them into the engine's device-timed spans (drafting, target forward, sampling, commit). Random weights accept
+nothing; a step's cost does not depend on acceptance except through the commit, which part 2 times for an
+accepted length of 1 and for the full spine. Part 2 verifies forced trees (every row active) through the
+engine's verifier: chains and bushy trees of 8, 16, 32 and 64 nodes and hydra27, timing the tree forward,
+the walk and the commit - the break-even of tree size and depth against one decode step.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+ARM_RUNS = {
+    "ar": ("ar", {}),
+    "mtp5": ("mtp", {"mtp_k": 5}),
+    "eagle": ("eagle", {}),
+    "lumotree": ("lumotree", {"tree": "hydra27", "mtp_k": 5}),
+}
+SIZES = (8, 16, 32, 64)
+
+
+def _ms(xs: list[float]) -> dict[str, float]:
+    return {"median_ms": statistics.median(xs), "min_ms": min(xs), "max_ms": max(xs), "n": len(xs)}
+
+
+def random_mtp_model(shapes: str, device: Any, dtype: Any) -> Any:
+    """``bench decode``'s random model of these shapes with one MTP layer added."""
+    from lumotree.platform.benches import decode
+
+    key = f"{shapes}+mtp"
+    decode.SHAPES.setdefault(key, {**decode.SHAPES[shapes], "mtp_num_hidden_layers": 1})
+    return decode.random_model(key, device, dtype)
+
+
+def bushy_parents(n: int, fanout: int) -> list[int]:
+    """A complete tree in breadth-first order: node i's parent is (i - 1) // fanout."""
+    return [-1] + [(i - 1) // fanout for i in range(1, n)]
+
+
+def tree_shapes() -> dict[str, list[int]]:
+    from lumotree.serving.tree import hydra27
+
+    shapes: dict[str, list[int]] = {}
+    for n in SIZES:
+        shapes[f"chain{n}"] = [-1, *range(n - 1)]
+        shapes[f"bushy{n}"] = bushy_parents(n, 4)
+    shapes["hydra27"] = list(hydra27().parents)
+    return shapes
+
+
+class _Sync:
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.torch = torch
+
+    def time(self, fn: Any) -> tuple[float, Any]:
+        """(milliseconds, result) of one call, bracketed by device syncs."""
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        t = time.perf_counter()
+        out = fn()
+        if self.cuda:
+            self.torch.cuda.synchronize()
+        return (time.perf_counter() - t) * 1e3, out
+
+
+def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: int, graphs: bool) -> dict:
+    """Median engine step and per-span means of every arm (batch 1)."""
+    from lumotree.serving.engine import Engine, EngineConfig
+    from lumotree.serving.metrics import SPANS
+    from lumotree.serving.sampler import SamplingParams
+
+    sync = _Sync(model.embed_tokens.weight.device)
+    vocab = model.config.vocab_size
+    prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
+    out: dict[str, Any] = {}
+    for name, (arm, opts) in ARM_RUNS.items():
+        if arm == "eagle":
+            opts = {**opts, "eagle_head": eagle_head}
+        cfg = EngineConfig(arm=arm, arm_options=opts, device=str(model.embed_tokens.weight.device),
+                           max_seqs=1, max_model_len=prompt_len + warmup + steps + 80, cuda_graphs=graphs,
+                           graph_batch_sizes=(1,), max_prefill_tokens=prompt_len)  # fmt: skip
+        eng = Engine(model, None, cfg, model_name="random")
+        req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=warmup + steps + 8,
+                                                     ignore_eos=True))  # fmt: skip
+        eng.step()  # prefill
+        for _ in range(warmup):
+            eng.step()
+        before = dict(eng.counters.span_seconds)
+        n0 = eng.counters.decode_steps
+        ms = [sync.time(eng.step)[0] for _ in range(steps)]
+        eng.timer.collect(eng.counters)
+        n = eng.counters.decode_steps - n0
+        spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
+        out[name] = {"step": _ms(ms), "spans_mean_ms": spans, "verify_rows": eng.arm.max_tree_rows(),
+                     "cuda_graph_decode": bool(eng.runner.graphs)}  # fmt: skip
+        eng.abort(req.req_id)
+        del eng
+    return out
+
+
+def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
+    """Forced full trees through the engine's verifier: forward, walk, commit (root only / deepest path)."""
+    import torch
+    from lumotree.serving.engine import Engine, EngineConfig
+    from lumotree.serving.sampler import SamplingParams
+    from lumotree.serving.sampling.walk import WalkResult
+    from lumotree.serving.tree import TreeDescriptor
+
+    device = model.embed_tokens.weight.device
+    sync = _Sync(device)
+    vocab = model.config.vocab_size
+    cfg = EngineConfig(device=str(device), max_seqs=1, max_model_len=prompt_len + 160, cuda_graphs=False)
+    eng = Engine(model, None, cfg, model_name="random")
+    prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
+    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
+    eng.step()  # prefill; the request now has a pending token at position prompt_len
+    ver, gen = eng.verifier, torch.Generator(device="cpu").manual_seed(0)
+    params, seeds, pos = (
+        [req.params],
+        torch.tensor([req.seed], device=device),
+        torch.tensor([1], device=device),
+    )
+    hist = eng.history.rows(torch.tensor([req.state_row], device=device))
+    out: dict[str, Any] = {}
+    for name, parents in tree_shapes().items():
+        toks = torch.randint(0, vocab, (len(parents),), generator=gen)
+        toks[0] = req.pending_token
+        d = TreeDescriptor.build(toks, parents, req.context_len, device=device)
+        deepest = max(range(d.num_rows), key=lambda r: (d.depth[r], -r))
+        path = [deepest]
+        while d.parents[path[-1]] >= 0:
+            path.append(d.parents[path[-1]])
+        accepted = {"commit_root_only": torch.tensor([[0]], device=device),
+                    "commit_deepest_path": torch.tensor([path[::-1]], device=device)}  # fmt: skip
+        rows: dict[str, list[float]] = {k: [] for k in ("verify_forward", "walk", *accepted)}
+        for i in range(warmup + iters):
+            t_fwd, res = sync.time(lambda: ver.verify([req.req_id], [d]))  # noqa: B023
+            t_walk, _ = sync.time(lambda: ver.select(res, params, seeds, pos, hist))  # noqa: B023
+            times = {"verify_forward": t_fwd, "walk": t_walk}
+            for k, acc in accepted.items():
+                w = WalkResult(acc, (acc >= 0).sum(-1), acc[:, 0], acc[0])
+                times[k] = sync.time(lambda: ver.commit(res, w))[0]  # noqa: B023
+            if i >= warmup:
+                for k, v in times.items():
+                    rows[k].append(v)
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        base = med["verify_forward"] + med["walk"]
+        out[name] = {"nodes": d.num_rows, "max_depth": d.topology.max_depth,
+                     **{f"{k}_ms": v for k, v in med.items()},
+                     "step_ms_root_only": base + med["commit_root_only"],
+                     "step_ms_full_path": base + med["commit_deepest_path"]}  # fmt: skip
+    eng.abort(req.req_id)
+    return out
+
+
+def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, steps: int, warmup: int,
+        iters: int, graphs: bool) -> dict[str, Any]:  # fmt: skip
+    import torch
+    from lumotree.serving.drafters.eagle import random_eagle_layer
+
+    device = torch.device(device_name)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[
+        dtype_name or ("bf16" if device.type == "cuda" else "fp32")
+    ]
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    model = random_mtp_model(shapes, device, dtype)
+    eagle = random_eagle_layer(model.config, device, dtype)
+    report: dict[str, Any] = {
+        "bench": "arms", "shapes": shapes, "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda" else "cpu", "dtype": str(dtype).removeprefix("torch."), "batch": 1,
+        "prompt_len": prompt_len, "steps": steps, "iters": iters, "build_s": time.perf_counter() - t0,
+    }  # fmt: skip
+    arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs)
+    report["arms"] = arms
+    ar, mtp, lt = (arms[k]["step"]["median_ms"] for k in ("ar", "mtp5", "lumotree"))
+    report["ratios"] = {"lumotree_over_ar": lt / ar, "lumotree_over_mtp5": lt / mtp,
+                        "eagle_over_ar": arms["eagle"]["step"]["median_ms"] / ar, "mtp5_over_ar": mtp / ar,
+                        "goals": {"lumotree_over_ar": 1.35, "lumotree_over_mtp5": 1.05}}  # fmt: skip
+    report["trees"] = time_trees(model, prompt_len, iters, warmup)
+    report["trees_over_ar_step"] = {k: v["step_ms_root_only"] / ar for k, v in report["trees"].items()}
+    report["total_s"] = time.perf_counter() - t0
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"arms, {report['shapes']} shapes, {report['dtype']}, batch 1 ({report['device']})")
+    for c in ("arm", "rows", "step ms", "drafting", "target fwd", "sampling", "commit"):
+        t.add_column(c, justify="right")
+    for name, a in report["arms"].items():
+        s = a["spans_mean_ms"]
+        t.add_row(name, str(a["verify_rows"]), f"{a['step']['median_ms']:.3f}",
+                  *(f"{s[k]:.3f}" for k in ("drafting", "target_forward", "sampling", "commit")))  # fmt: skip
+    con.print(t)
+    r = report["ratios"]
+    con.print(f"LumoTree/AR {r['lumotree_over_ar']:.3f} (goal <= 1.35), "
+              f"LumoTree/MTP-5 {r['lumotree_over_mtp5']:.3f} (goal <= 1.05)")  # fmt: skip
+    t = Table(title="forced full trees through the verifier (ms)")
+    for c in ("tree", "nodes", "depth", "forward", "walk", "commit 1", "commit path", "step/AR"):
+        t.add_column(c, justify="right")
+    for name, v in report["trees"].items():
+        cells = (v["verify_forward_ms"], v["walk_ms"], v["commit_root_only_ms"], v["commit_deepest_path_ms"],
+                 report["trees_over_ar_step"][name])  # fmt: skip
+        t.add_row(name, str(v["nodes"]), str(v["max_depth"]), *(f"{x:.3f}" for x in cells))
+    con.print(t)
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("arms")
+    def arms(
+        shapes: Annotated[
+            str, typer.Option("--shapes", help="Model shapes (bench decode's): 27b | tiny.")
+        ] = "27b",
+        device: Annotated[
+            str | None, typer.Option(help="cuda or cpu (default: cuda when available).")
+        ] = None,
+        dtype: Annotated[str | None, typer.Option(help="bf16 | fp16 | fp32 (default: bf16 on cuda).")] = None,
+        prompt_len: Annotated[int, typer.Option(help="Committed prefix before timing.")] = 256,
+        steps: Annotated[int, typer.Option(help="Timed engine steps per arm.")] = 30,
+        warmup: Annotated[int, typer.Option(help="Untimed steps / iterations first.")] = 5,
+        iters: Annotated[int, typer.Option(help="Timed iterations per tree shape.")] = 20,
+        cuda_graphs: Annotated[bool, typer.Option(help="CUDA-graph decode where the engine uses it.")] = True,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+        out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    ) -> None:
+        """Per-step cost of AR, MTP-5, EAGLE and LumoTree, and tree-verify cost vs tree size and depth."""
+        import torch
+        from lumotree.platform.benches.decode import SHAPES
+
+        if shapes not in SHAPES:
+            raise typer.BadParameter(f"unknown shapes {shapes!r}; choose {', '.join(SHAPES)}")
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise typer.BadParameter("--device cuda: no CUDA device is available")
+        report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs)
+        text = json.dumps(report, indent=2)
+        if as_json:
+            print(text)
+        else:
+            print_table(report)
+        if out is not None:
+            out.write_text(text + "\n")

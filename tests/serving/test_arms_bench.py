@@ -1,0 +1,36 @@
+"""``lumotree bench arms`` smoke test at tiny shapes on the CPU: every arm and tree shape is timed, the JSON
+has the ratios and spans the GPU run reports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from typer.testing import CliRunner
+
+
+def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
+    from lumotree.platform.cli import app
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        args = ["bench", "arms", "--shapes", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                "--iters", "1", "--prompt-len", "16", "--out", str(tmp_path / "a.json")]  # fmt: skip
+        res = CliRunner().invoke(app, args)
+    finally:
+        torch.set_num_threads(n)
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "a.json").read_text())
+    assert set(rep["arms"]) == {"ar", "mtp5", "eagle", "lumotree"}
+    assert [rep["arms"][a]["verify_rows"] for a in ("ar", "mtp5", "eagle", "lumotree")] == [1, 6, 8, 32]
+    for a in rep["arms"].values():
+        assert a["step"]["median_ms"] > 0 and set(a["spans_mean_ms"]) >= {"drafting", "target_forward"}
+    assert (
+        rep["arms"]["lumotree"]["spans_mean_ms"]["commit"] > 0
+        and rep["arms"]["ar"]["spans_mean_ms"]["commit"] == 0
+    )
+    assert set(rep["trees"]) == {f"{k}{n}" for k in ("chain", "bushy") for n in (8, 16, 32, 64)} | {"hydra27"}
+    assert rep["trees"]["chain64"]["max_depth"] == 63 and rep["trees"]["bushy64"]["max_depth"] == 3
+    assert rep["ratios"]["lumotree_over_ar"] > 0 and "LumoTree/AR" in res.output
