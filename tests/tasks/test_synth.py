@@ -48,7 +48,7 @@ def test_shipped_instances_follow_the_schema_and_leak_no_fix(suite: AstropySynth
             # Short lines ("pass", "return x") may match test code; a whole mutated line must not appear.
             if len(line) > 12:
                 assert line not in text, (inst.instance_id, line)
-        assert "diff" not in text and "@@" not in text
+        assert "diff --git" not in text and "\n@@ " not in text and "+++ b/" not in text
     assert suite.instances(limit=5) == insts[:5]
 
 
