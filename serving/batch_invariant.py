@@ -8,7 +8,7 @@ flip a greedy choice between AR and a speculative arm.
 ``invariant_linear`` accumulates in float64 and rounds once to the input dtype. fp32 x fp32 products are exact
 in float64 and float64 sums of K terms differ between summation orders by at most about K * 2^-53 relative,
 far below fp32's 2^-24 rounding step: the rounded result is the same for every M unless the exact sum lies
-within that sliver of a rounding boundary (probability about K * 2^-29 per element, ~1e-7 for K = 64). It costs
+within that sliver of a rounding boundary (about K * 2^-29 per element, ~1e-7 for K = 64). It costs
 a float64 matmul, so it is meant for CPU verification and tests, not for GPU serving.
 
 Hook (one line in the model's linear call sites, e.g. a ``Linear`` subclass or ``dispatch.linear``):

@@ -1,5 +1,5 @@
 """``invariant_linear``: a row's output is bitwise the same whatever the number of rows, and it is the
-correctly rounded float64 result (plain ``F.linear`` is shown to depend on M on this backend, which is why)."""
+correctly rounded float64 result (plain ``F.linear`` depends on M on the CPU backend, hence this)."""
 
 from __future__ import annotations
 
