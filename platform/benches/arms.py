@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-ARM_RUNS = {
+ARM_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
     "mtp5": ("mtp", {"mtp_k": 5}),
     "eagle": ("eagle", {}),
