@@ -78,37 +78,47 @@ class _Sync:
 
 def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: int, graphs: bool) -> dict:
     """Median engine step and per-span means of every arm (batch 1)."""
-    from lumotree.serving.engine import Engine, EngineConfig
-    from lumotree.serving.metrics import SPANS
-    from lumotree.serving.sampler import SamplingParams
 
     sync = _Sync(model.embed_tokens.weight.device)
     vocab = model.config.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
     out: dict[str, Any] = {}
     for name, (arm, opts) in ARM_RUNS.items():
-        if arm == "eagle":
-            opts = {**opts, "eagle_head": eagle_head}
-        cfg = EngineConfig(arm=arm, arm_options=opts, device=str(model.embed_tokens.weight.device),
-                           max_seqs=1, max_model_len=prompt_len + warmup + steps + 80, cuda_graphs=graphs,
-                           graph_batch_sizes=(1,), max_prefill_tokens=prompt_len)  # fmt: skip
-        eng = Engine(model, None, cfg, model_name="random")
-        req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=warmup + steps + 8,
-                                                     ignore_eos=True))  # fmt: skip
-        eng.step()  # prefill
-        for _ in range(warmup):
-            eng.step()
-        before = dict(eng.counters.span_seconds)
-        n0 = eng.counters.decode_steps
-        ms = [sync.time(eng.step)[0] for _ in range(steps)]
-        eng.timer.collect(eng.counters)
-        n = eng.counters.decode_steps - n0
-        spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
-        out[name] = {"step": _ms(ms), "spans_mean_ms": spans, "verify_rows": eng.arm.max_tree_rows(),
-                     "cuda_graph_decode": bool(eng.runner.graphs)}  # fmt: skip
-        eng.abort(req.req_id)
-        del eng
+        try:
+            out[name] = _time_arm(model, arm, opts, eagle_head, prompt, steps, warmup, graphs, sync)
+        except Exception as e:  # one failing arm must not hide the others' numbers
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
+              warmup: int, graphs: bool, sync: _Sync) -> dict[str, Any]:  # fmt: skip
+    from lumotree.serving.engine import Engine, EngineConfig
+    from lumotree.serving.metrics import SPANS
+    from lumotree.serving.sampler import SamplingParams
+
+    prompt_len = len(prompt)
+    if arm == "eagle":
+        opts = {**opts, "eagle_head": eagle_head}
+    cfg = EngineConfig(arm=arm, arm_options=opts, device=str(model.embed_tokens.weight.device),
+                       max_seqs=1, max_model_len=prompt_len + warmup + steps + 80, cuda_graphs=graphs,
+                       graph_batch_sizes=(1,), max_prefill_tokens=prompt_len)  # fmt: skip
+    eng = Engine(model, None, cfg, model_name="random")
+    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=warmup + steps + 8,
+                                                 ignore_eos=True))  # fmt: skip
+    eng.step()  # prefill
+    for _ in range(warmup):
+        eng.step()
+    before = dict(eng.counters.span_seconds)
+    n0 = eng.counters.decode_steps
+    ms = [sync.time(eng.step)[0] for _ in range(steps)]
+    eng.timer.collect(eng.counters)
+    n = eng.counters.decode_steps - n0
+    spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
+    res = {"step": _ms(ms), "spans_mean_ms": spans, "verify_rows": eng.arm.max_tree_rows(),
+           "cuda_graph_decode": bool(eng.runner.graphs)}  # fmt: skip
+    eng.abort(req.req_id)
+    return res
 
 
 def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
@@ -116,8 +126,6 @@ def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
     import torch
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.sampler import SamplingParams
-    from lumotree.serving.sampling.walk import WalkResult
-    from lumotree.serving.tree import TreeDescriptor
 
     device = model.embed_tokens.weight.device
     sync = _Sync(device)
@@ -136,34 +144,51 @@ def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
     hist = eng.history.rows(torch.tensor([req.state_row], device=device))
     out: dict[str, Any] = {}
     for name, parents in tree_shapes().items():
-        toks = torch.randint(0, vocab, (len(parents),), generator=gen)
-        toks[0] = req.pending_token
-        d = TreeDescriptor.build(toks, parents, req.context_len, device=device)
-        deepest = max(range(d.num_rows), key=lambda r: (d.depth[r], -r))
-        path = [deepest]
-        while d.parents[path[-1]] >= 0:
-            path.append(d.parents[path[-1]])
-        accepted = {"commit_root_only": torch.tensor([[0]], device=device),
-                    "commit_deepest_path": torch.tensor([path[::-1]], device=device)}  # fmt: skip
-        rows: dict[str, list[float]] = {k: [] for k in ("verify_forward", "walk", *accepted)}
-        for i in range(warmup + iters):
-            t_fwd, res = sync.time(lambda: ver.verify([req.req_id], [d]))  # noqa: B023
-            t_walk, _ = sync.time(lambda: ver.select(res, params, seeds, pos, hist))  # noqa: B023
-            times = {"verify_forward": t_fwd, "walk": t_walk}
-            for k, acc in accepted.items():
-                w = WalkResult(acc, (acc >= 0).sum(-1), acc[:, 0], acc[0])
-                times[k] = sync.time(lambda: ver.commit(res, w))[0]  # noqa: B023
-            if i >= warmup:
-                for k, v in times.items():
-                    rows[k].append(v)
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        base = med["verify_forward"] + med["walk"]
-        out[name] = {"nodes": d.num_rows, "max_depth": d.topology.max_depth,
-                     **{f"{k}_ms": v for k, v in med.items()},
-                     "step_ms_root_only": base + med["commit_root_only"],
-                     "step_ms_full_path": base + med["commit_deepest_path"]}  # fmt: skip
+        try:
+            out[name] = _time_tree(
+                ver, req, parents, gen, device, sync, params, seeds, pos, hist, iters, warmup
+            )
+        except Exception as e:  # one failing shape must not hide the others' numbers
+            out[name] = {"error": f"{type(e).__name__}: {e}", "nodes": len(parents)}
+            if device.type == "cuda":
+                torch.cuda.synchronize()
     eng.abort(req.req_id)
     return out
+
+
+def _time_tree(ver: Any, req: Any, parents: list[int], gen: Any, device: Any, sync: _Sync, params: Any,
+               seeds: Any, pos: Any, hist: Any, iters: int, warmup: int) -> dict[str, Any]:  # fmt: skip
+    import torch
+    from lumotree.serving.sampling.walk import WalkResult
+    from lumotree.serving.tree import TreeDescriptor
+
+    vocab = ver.model.config.vocab_size
+    toks = torch.randint(0, vocab, (len(parents),), generator=gen)
+    toks[0] = req.pending_token
+    d = TreeDescriptor.build(toks, parents, req.context_len, device=device)
+    deepest = max(range(d.num_rows), key=lambda r: (d.depth[r], -r))
+    path = [deepest]
+    while d.parents[path[-1]] >= 0:
+        path.append(d.parents[path[-1]])
+    accepted = {"commit_root_only": torch.tensor([[0]], device=device),
+                "commit_deepest_path": torch.tensor([path[::-1]], device=device)}  # fmt: skip
+    rows: dict[str, list[float]] = {k: [] for k in ("verify_forward", "walk", *accepted)}
+    for i in range(warmup + iters):
+        t_fwd, res = sync.time(lambda: ver.verify([req.req_id], [d]))  # noqa: B023
+        t_walk, _ = sync.time(lambda: ver.select(res, params, seeds, pos, hist))  # noqa: B023
+        times = {"verify_forward": t_fwd, "walk": t_walk}
+        for k, acc in accepted.items():
+            w = WalkResult(acc, (acc >= 0).sum(-1), acc[:, 0], acc[0])
+            times[k] = sync.time(lambda: ver.commit(res, w))[0]  # noqa: B023
+        if i >= warmup:
+            for k, v in times.items():
+                rows[k].append(v)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    base = med["verify_forward"] + med["walk"]
+    return {"nodes": d.num_rows, "max_depth": d.topology.max_depth,
+            **{f"{k}_ms": v for k, v in med.items()},
+            "step_ms_root_only": base + med["commit_root_only"],
+            "step_ms_full_path": base + med["commit_deepest_path"]}  # fmt: skip
 
 
 def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, steps: int, warmup: int,
@@ -186,12 +211,18 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
     }  # fmt: skip
     arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs)
     report["arms"] = arms
-    ar, mtp, lt = (arms[k]["step"]["median_ms"] for k in ("ar", "mtp5", "lumotree"))
-    report["ratios"] = {"lumotree_over_ar": lt / ar, "lumotree_over_mtp5": lt / mtp,
-                        "eagle_over_ar": arms["eagle"]["step"]["median_ms"] / ar, "mtp5_over_ar": mtp / ar,
+    med = {k: a["step"]["median_ms"] for k, a in arms.items() if "step" in a}
+    ar = med.get("ar", float("nan"))
+    nan = float("nan")
+    report["ratios"] = {"lumotree_over_ar": med.get("lumotree", nan) / ar,
+                        "lumotree_over_mtp5": med.get("lumotree", nan) / med.get("mtp5", nan),
+                        "eagle_over_ar": med.get("eagle", nan) / ar,
+                        "mtp5_over_ar": med.get("mtp5", nan) / ar,
                         "goals": {"lumotree_over_ar": 1.35, "lumotree_over_mtp5": 1.05}}  # fmt: skip
     report["trees"] = time_trees(model, prompt_len, iters, warmup)
-    report["trees_over_ar_step"] = {k: v["step_ms_root_only"] / ar for k, v in report["trees"].items()}
+    report["trees_over_ar_step"] = {
+        k: v["step_ms_root_only"] / ar for k, v in report["trees"].items() if "error" not in v
+    }
     report["total_s"] = time.perf_counter() - t0
     return report
 
@@ -205,6 +236,9 @@ def print_table(report: dict[str, Any]) -> None:
     for c in ("arm", "rows", "step ms", "drafting", "target fwd", "sampling", "commit"):
         t.add_column(c, justify="right")
     for name, a in report["arms"].items():
+        if "error" in a:
+            t.add_row(name, "-", a["error"][:60])
+            continue
         s = a["spans_mean_ms"]
         t.add_row(name, str(a["verify_rows"]), f"{a['step']['median_ms']:.3f}",
                   *(f"{s[k]:.3f}" for k in ("drafting", "target_forward", "sampling", "commit")))  # fmt: skip
@@ -216,6 +250,9 @@ def print_table(report: dict[str, Any]) -> None:
     for c in ("tree", "nodes", "depth", "forward", "walk", "commit 1", "commit path", "step/AR"):
         t.add_column(c, justify="right")
     for name, v in report["trees"].items():
+        if "error" in v:
+            t.add_row(name, str(v["nodes"]), "-", v["error"][:60])
+            continue
         cells = (v["verify_forward_ms"], v["walk_ms"], v["commit_root_only_ms"], v["commit_deepest_path_ms"],
                  report["trees_over_ar_step"][name])  # fmt: skip
         t.add_row(name, str(v["nodes"]), str(v["max_depth"]), *(f"{x:.3f}" for x in cells))
