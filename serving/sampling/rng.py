@@ -49,7 +49,11 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.T
     k1, k2 = _row_keys(seeds.long(), positions.long())
     tok = _mul32(torch.arange(vocab, device=seeds.device, dtype=torch.int64), _GOLDEN)
     h = _fmix32(_fmix32((k1[:, None] + tok[None, :]) & _M32) ^ k2[:, None])
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    u = ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    # (2^24 - 0.5) / 2^24 rounds to exactly 1.0 in float32 (a tie, to even): the Gumbel noise would be +inf
+    # and a filtered token's -inf + inf = NaN breaks the argmax. Clamp that one value to the largest float
+    # below 1; every other value is unchanged.
+    return u.clamp(max=1.0 - 2.0**-24)
 
 
 def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
