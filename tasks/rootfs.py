@@ -114,9 +114,15 @@ def host_ca_bundle() -> Path | None:
 # --- docker helpers
 
 
-def docker_client() -> Any:
-    import docker
+def _docker() -> Any:
+    # Imported lazily (slow import); typed Any because the SDK ships no type information.
+    import importlib
 
+    return importlib.import_module("docker")
+
+
+def docker_client() -> Any:
+    docker = _docker()
     try:
         client = docker.from_env(timeout=600)
         client.ping()
@@ -128,8 +134,7 @@ def docker_client() -> Any:
 
 
 def image_exists(tag: str, client: Any = None) -> bool:
-    import docker
-
+    docker = _docker()
     client = client or docker_client()
     try:
         client.images.get(tag)
