@@ -57,13 +57,32 @@ def test_generate_json_matches_llm(ckpt: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--model", "tiny"], "built-in model"),
+        (["--model", "{empty}"], "has no config.json"),
         (["--model", "/no/such/dir"], "no such directory"),
         (["--temperature", "-1"], "temperature"),
         (["--arm", "nope"], "unknown arm"),
     ],
 )
-def test_generate_errors_are_clear(ckpt: Path, args: list[str], needle: str) -> None:
+def test_generate_errors_are_clear(ckpt: Path, tmp_path: Path, args: list[str], needle: str) -> None:
+    # A checkpoint folder with weights but no config.json: the error must name the missing file.
+    (tmp_path / "model.safetensors").write_bytes((ckpt / "model.safetensors").read_bytes())
     base = ["--model", str(ckpt), "--prompt", "x", "--device", "cpu"]
-    code, out = run_cli(*base, *args)
+    code, out = run_cli(*base, *[a.format(empty=tmp_path) for a in args])
     assert code == 2 and needle in " ".join(out.split()), out
+
+
+def test_generate_builtin_lumotree_accepts_several_tokens_per_step() -> None:
+    """The shipped model through the LumoTree arm: on a repetitive prompt the suffix drafts are accepted."""
+    prompt = "x = 1\ny = 2\n" * 8
+    code, out = run_cli("--model", "tiny", "--arm", "lumotree", "--prompt", prompt, "--max-tokens", "16",
+                        "--device", "cpu", "--ignore-eos", "--json")  # fmt: skip
+    assert code == 0, out
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["arm"] == "lumotree" and got["model"] == "lumo-tiny" and got["num_tokens"] == 16
+    for key in ("accepted_per_step", "tokens_per_step", "acceptance_rate"):
+        assert key in got, key
+    assert got["tokens_per_step"] > 1.0 and got["steps"] < got["num_tokens"]
+    assert 0.0 < got["acceptance_rate"] <= 1.0
+    assert got["accepted_per_step"] > 0
+    assert got["accepted_per_step"] == pytest.approx(got["accepted_tokens"] / (got["steps"] - 1))
+    assert got["tokens_per_step"] == pytest.approx(got["num_tokens"] / got["steps"])
