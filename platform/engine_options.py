@@ -14,7 +14,10 @@ ArmOpt = Annotated[str, typer.Option(help="Decoding arm: ar | mtp | eagle | lumo
 MtpKOpt = Annotated[int, typer.Option(help="MTP chain length (mtp and lumotree arms).")]
 TreeOpt = Annotated[str, typer.Option(help="Tree policy of the lumotree arm: hydra27 | adaptive.")]
 DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")]
-DtypeOpt = Annotated[str | None, typer.Option(help="float32 | bfloat16 | float16 (default: checkpoint's).")]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(help="float32 | bfloat16 | float16 (default: checkpoint's on CUDA, float32 on CPU)."),
+]
 MaxLenOpt = Annotated[int, typer.Option(help="Prompt + output tokens per request.")]
 
 

@@ -41,7 +41,8 @@ class EngineConfig:
     device: str | None = None
     """cuda or cpu; None picks cuda when available."""
     dtype: str | None = None
-    """Weight dtype (float32, bfloat16, float16); None = the checkpoint's."""
+    """Weight dtype (float32, bfloat16, float16); None = the checkpoint's on CUDA, float32 on CPU (bf16
+    matmuls on CPU are slower and less exact)."""
     max_seqs: int = 8
     """Most requests decoded together."""
     max_model_len: int = 4096
@@ -63,6 +64,12 @@ class EngineConfig:
         if self.device:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_dtype(self) -> str | None:
+        """The dtype to load weights in on the resolved device (None = the checkpoint's)."""
+        from lumotree.serving.loader import device_dtype
+
+        return device_dtype(self.dtype, self.resolved_device())
 
 
 @dataclass
@@ -148,7 +155,7 @@ class Engine:
         from lumotree.serving.tokenizer import Tokenizer
 
         path = resolve_model(config.model)
-        model, _ = load_model(path, device=config.resolved_device(), dtype=config.dtype)
+        model, _ = load_model(path, device=config.resolved_device(), dtype=config.resolved_dtype())
         tokenizer = Tokenizer.from_pretrained(path)
         return cls(model, tokenizer, config, model_name=model_name(config.model))
 

@@ -75,6 +75,14 @@ def _tensors(files: list[Path]) -> Iterator[tuple[Path, str, torch.Tensor]]:
                 yield f, key, handle.get_tensor(key)
 
 
+def device_dtype(dtype: str | None, device: torch.device | str) -> str | None:
+    """The dtype to load in on ``device``: an explicit ``dtype`` wins; otherwise float32 on CPU (bf16 matmuls
+    there are slower and less exact than fp32) and None, i.e. the checkpoint's own dtype, on accelerators."""
+    if dtype:
+        return dtype
+    return "float32" if torch.device(device).type == "cpu" else None
+
+
 def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

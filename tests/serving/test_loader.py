@@ -162,3 +162,16 @@ def test_tokenizer_roundtrip_and_chat_template_match_transformers(tmp_path: Path
         assert ours.apply_chat_template(msgs, add_generation_prompt=gen) == ref.apply_chat_template(
             msgs, add_generation_prompt=gen, tokenize=False
         )
+
+
+def test_engine_dtype_default_is_float32_on_cpu() -> None:
+    """The built-in checkpoint is bf16; on CPU the engine loads it in fp32 unless a dtype is asked for."""
+    from lumotree.serving.engine import Engine, EngineConfig
+    from lumotree.serving.loader import device_dtype
+
+    assert device_dtype(None, "cpu") == "float32" and device_dtype(None, torch.device("cuda")) is None
+    assert device_dtype("bfloat16", "cpu") == "bfloat16" and device_dtype("float16", "cuda") == "float16"
+    for dtype, want in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
+        cfg = EngineConfig(model="tiny", device="cpu", dtype=dtype, max_seqs=1, max_model_len=64)
+        engine = Engine.from_config(cfg)
+        assert engine.model.dtype == want and engine.caches.dtype == want
