@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import StrictUndefined, Template
+
 from lumotree.agents.config import AgentConfig
 from lumotree.agents.protocols import ContextLengthExceeded, DecodeStats, Environment, Model, ModelReply
 

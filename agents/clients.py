@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import httpx
+
 from lumotree.agents.config import SamplingConfig
 from lumotree.agents.protocols import ContextLengthExceeded, DecodeStats, ModelReply
 

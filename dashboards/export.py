@@ -17,10 +17,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from lumotree.dashboards import views
 from lumotree.db import models as m
 from lumotree.db import queries as q
-from sqlalchemy.orm import Session
 
 TRAJECTORY_FORMAT = "mini-swe-agent-1"
 FORMATS = ("traj", "jsonl", "preds", "csv", "parquet")

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from lumotree.dashboards.stats import wilson_interval
 from lumotree.db import models as m
 from lumotree.db import queries as q
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 
 def sweeps_view(s: Session) -> dict[str, Any]:

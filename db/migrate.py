@@ -10,8 +10,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from lumotree.db.engine import make_engine, write_engine
 from sqlalchemy import Engine, text
+
+from lumotree.db.engine import make_engine, write_engine
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 

@@ -10,10 +10,11 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Any
 
-from lumotree.db import models as m
-from lumotree.db.store import acceptance
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
+
+from lumotree.db import models as m
+from lumotree.db.store import acceptance
 
 # Attempt columns that are plain values (everything but relationships), in a stable order for tables and CSV.
 ATTEMPT_FIELDS = (
@@ -66,7 +67,10 @@ def list_sweeps(s: Session) -> list[dict[str, Any]]:
     """Every sweep, newest first, with attempt counts by status, resolved count and number of arms."""
     counts: dict[int, dict[str, int]] = {}
     by_status = select(
-        m.Attempt.sweep_id, m.Attempt.status, func.count(), func.count(case((m.Attempt.resolved, 1)))
+        m.Attempt.sweep_id,
+        m.Attempt.status,
+        func.count(),
+        func.count(case((m.Attempt.resolved.is_(True), 1))),
     )
     for sweep_id, status, n, resolved in s.execute(by_status.group_by(m.Attempt.sweep_id, m.Attempt.status)):
         c = counts.setdefault(sweep_id, {**dict.fromkeys(m.ATTEMPT_STATUSES, 0), "total": 0, "resolved": 0})
@@ -86,7 +90,7 @@ def arm_stats(s: Session, sweep_id: int) -> list[dict[str, Any]]:
     tokens / decode seconds over done attempts), per-attempt tok/s range, pooled acceptance (vLLM's rules)."""
     a = m.Attempt
     done = a.status == m.DONE
-    in_done = lambda col: func.sum(case((done, col), else_=0))  # noqa: E731
+    in_done = lambda col: func.sum(case((done, col), else_=0))
     query = (
         select(
             a.arm_id,
@@ -94,7 +98,7 @@ def arm_stats(s: Session, sweep_id: int) -> list[dict[str, Any]]:
             func.count(case((done, 1))).label("done"),
             func.count(case((a.status == m.RUNNING, 1))).label("running"),
             func.count(case((a.status == m.ERROR, 1))).label("error"),
-            func.count(case((a.resolved, 1))).label("resolved"),
+            func.count(case((a.resolved.is_(True), 1))).label("resolved"),
             in_done(a.requests).label("requests"),
             in_done(a.prompt_tokens).label("prompt_tokens"),
             in_done(a.completion_tokens).label("completion_tokens"),

@@ -26,12 +26,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from sqlalchemy import CursorResult, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
 from lumotree.db import models as m
 from lumotree.db.engine import make_engine, write_engine
 from lumotree.db.models import DONE, ERROR, PENDING, RUNNING, utcnow
-from sqlalchemy import CursorResult, Engine, and_, delete, func, or_, select, update
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, sessionmaker
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class Store:
                 if (a, t, i) not in existing
             ]
             if rows:
-                s.execute(m.Attempt.__table__.insert(), rows)
+                s.execute(insert(m.Attempt), rows)
             return len(rows)
 
     # ---- attempts: claim, lease, finish --------------------------------------------------------------------
@@ -445,7 +446,7 @@ class Store:
                     }
                 )
             if values:
-                s.execute(m.Attempt.__table__.insert(), values)
+                s.execute(insert(m.Attempt), values)
             return len(values)
 
     # ---- per-request records and the agent trace -----------------------------------------------------------

@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from lumotree.db.engine import make_engine, normalize_url
-from lumotree.db.store import Store
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+
+from lumotree.db.engine import make_engine, normalize_url
+from lumotree.db.store import Store
 
 PG_ENV = "LUMOTREE_TEST_PG_URL"
 

@@ -87,6 +87,13 @@ def tree_gdn_float64(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None
     return tree_gdn_ref(*args, compute_dtype=torch.float64, **kwargs)
 
 
+def states_of(result: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
+    """The node states of a ``tree_gdn_ref`` / ``tree_gdn_float64`` call with ``output_node_states=True``."""
+    states = result[1]
+    assert states is not None, "the call did not ask for output_node_states"
+    return states
+
+
 def paired_rule_ok(e_tree: float, e_native: float, m64: float, slack: float = 1.10) -> bool:
     """The paper's acceptance rule: E_tree <= 1.10 E_native + 2^-24 M64 + 2^-149."""
     return e_tree <= slack * e_native + 2.0**-24 * m64 + 2.0**-149

@@ -17,3 +17,7 @@ for _info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.nam
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

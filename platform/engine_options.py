@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -33,8 +33,8 @@ def engine_config(
 ) -> EngineConfig:
     from lumotree.serving.engine import EngineConfig
 
-    options = {"mtp": {"mtp_k": mtp_k}, "lumotree": {"tree": tree, "mtp_k": mtp_k}}.get(arm, {})
+    options: dict[str, dict[str, Any]] = {"mtp": {"mtp_k": mtp_k}, "lumotree": {"tree": tree, "mtp_k": mtp_k}}
     return EngineConfig(
-        model=model, arm=arm, arm_options=options, device=device, dtype=dtype, max_seqs=max_seqs,
+        model=model, arm=arm, arm_options=options.get(arm, {}), device=device, dtype=dtype, max_seqs=max_seqs,
         max_model_len=max_model_len,
     )  # fmt: skip

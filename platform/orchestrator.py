@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import func, select
+
 from lumotree.agents.agent import AgentResult, BashAgent
 from lumotree.agents.protocols import Model, ModelReply
 from lumotree.db import models as dbm
@@ -28,7 +30,6 @@ from lumotree.db.store import AttemptClaim, AttemptResult, RequestRecord, Store
 from lumotree.platform.sweep_config import SweepConfig
 from lumotree.platform.task_backends import TaskBackend
 from lumotree.tasks.api import Instance
-from sqlalchemy import func, select
 
 
 def make_owner() -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import tomllib
+
 from lumotree.tasks import rootfs
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -62,8 +62,9 @@ def corpus_from_sweep(
 ) -> list[CorpusRequest]:
     """The recorded requests of a sweep's finished attempts (of one arm when given), in attempt/request order.
     Requests recorded without prompt token ids (external servers) are skipped."""
-    from lumotree.db import models as m
     from sqlalchemy import select
+
+    from lumotree.db import models as m
 
     query = (
         select(m.Request.attempt_id, m.Request.index, m.Request.prompt_token_ids, m.Request.sampling_params)

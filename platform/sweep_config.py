@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from lumotree.agents.config import AgentConfig
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from lumotree.agents.config import AgentConfig
 
 SERVING_ARMS = ("ar", "mtp", "eagle", "lumotree")
 """Decoding schemes of the embedded engine."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.table import Table
+
 from lumotree.db import queries
 from lumotree.db.store import Store
 from lumotree.platform.stats import fisher_resolved, wilson_interval
-from rich.table import Table
 
 
 def summarize(store: Store, sweep_id: int) -> list[dict[str, Any]]:

@@ -11,7 +11,11 @@ repo=$(pwd)
 # The checkout is the package root: expose it as `lumotree` without installing.
 pkgroot=$(mktemp -d); ln -s "$repo" "$pkgroot/lumotree"
 export PYTHONPATH="$pkgroot${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-lt() { python3 -m lumotree.platform.cli "$@"; }
+lt=(python3 -m lumotree.platform.cli)
+# Wheels carried beside the checkout (fla-core; sqlalchemy and alembic for the replay store) when present.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$pkgroot/site" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$pkgroot/site"
+fi
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests decode gdn arms audit replay)
 status=0
 run_step() {  # name cap command...
@@ -30,12 +34,12 @@ for s in "${steps[@]}"; do
 python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'; \
 git -C '$repo' rev-parse HEAD 2>/dev/null || cat '$repo/.commit' 2>/dev/null" ;;
     tests) run_step tests 90 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
-      tests/serving/test_engine_cuda.py tests/kernels/test_tree_scan.py -x ;;
-    decode) run_step decode 100 lt bench decode --shapes 27b --batch 1 --context 1024 --json --out "$out/decode_27b.json" ;;
-    gdn) run_step gdn 110 lt bench gdn --json --out "$out/gdn_27b.json" ;;
-    arms) run_step arms 140 lt bench arms --shapes 27b --device cuda --json --out "$out/arms_27b.json" ;;
-    audit) run_step audit 130 lt audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
-    replay) run_step replay 110 lt replay --corpus bench/replay-corpus.jsonl --limit 40 --arms ar,mtp,eagle,lumotree --runs 3 \
+      tests/serving/test_engine_cuda.py ;;
+    decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --json --out "$out/decode_27b.json" ;;
+    gdn) run_step gdn 110 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
+    arms) run_step arms 140 "${lt[@]}" bench arms --shapes 27b --device cuda --json --out "$out/arms_27b.json" ;;
+    audit) run_step audit 130 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
+    replay) run_step replay 110 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 40 --arms ar,mtp,eagle,lumotree --runs 3 \
       --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;
     *) echo "unknown step $s"; status=1 ;;
   esac

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from lumotree.serving.arms import Arm, PrefillFeedback, StepFeedback, make_arm
 from lumotree.serving.cache import CacheConfig, StateCaches
 from lumotree.serving.config import ModelConfig

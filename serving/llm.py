@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, overload
 
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.request import Request
@@ -108,6 +108,16 @@ class LLM:
         )
         reqs = self.engine.generate(batch, params or SamplingParams())
         return [GenerationResult.from_request(r) for r in reqs]
+
+    @overload
+    def chat(
+        self, messages: Sequence[dict[str, Any]], params: SamplingParams | None = None
+    ) -> ChatResult: ...
+
+    @overload
+    def chat(
+        self, messages: Sequence[Sequence[dict[str, Any]]], params: SamplingParams | None = None
+    ) -> list[ChatResult]: ...
 
     def chat(
         self,

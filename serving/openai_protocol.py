@@ -6,8 +6,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from lumotree.serving.sampler import SamplingParams
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lumotree.serving.sampler import SamplingParams
 
 __all__ = ["ChatRequest", "CompletionRequest", "ProtocolError", "ValidationError", "validation_message"]
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from lumotree.serving.batch import ForwardBatch
 from lumotree.serving.cache import StateCaches
 from lumotree.serving.model import HybridModel

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from lumotree.serving.sampling.params import SamplingParams
 from lumotree.serving.sampling.rng import random_seed
 from lumotree.serving.sampling.transforms import RowParams, probabilities

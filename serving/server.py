@@ -15,6 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
 from lumotree.serving.async_engine import AsyncEngine, Delta
 from lumotree.serving.metrics import prometheus_text
 from lumotree.serving.openai_protocol import (
@@ -223,6 +224,7 @@ def create_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 def serve(config: Any, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Load the engine for ``config`` (an EngineConfig) and serve until interrupted."""
     import uvicorn
+
     from lumotree.serving.engine import Engine
 
     engine = Engine.from_config(config)

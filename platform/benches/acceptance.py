@@ -239,6 +239,7 @@ def _run_arm(
 def run(cfg: AcceptanceConfig, progress: Any = None) -> dict[str, Any]:
     """Decode the prompts with AR and every requested arm; ``progress(name, total) -> advance(n)``."""
     import torch
+
     from lumotree.serving.builtin import resolve_model
     from lumotree.serving.loader import load_model
     from lumotree.serving.tokenizer import Tokenizer

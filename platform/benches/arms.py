@@ -124,6 +124,7 @@ def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, promp
 def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
     """Forced full trees through the engine's verifier: forward, walk, commit (root only / deepest path)."""
     import torch
+
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.sampler import SamplingParams
 
@@ -159,6 +160,7 @@ def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
 def _time_tree(ver: Any, req: Any, parents: list[int], gen: Any, device: Any, sync: _Sync, params: Any,
                seeds: Any, pos: Any, hist: Any, iters: int, warmup: int) -> dict[str, Any]:  # fmt: skip
     import torch
+
     from lumotree.serving.sampling.walk import WalkResult
     from lumotree.serving.tree import TreeDescriptor
 
@@ -194,6 +196,7 @@ def _time_tree(ver: Any, req: Any, parents: list[int], gen: Any, device: Any, sy
 def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, steps: int, warmup: int,
         iters: int, graphs: bool) -> dict[str, Any]:  # fmt: skip
     import torch
+
     from lumotree.serving.drafters.eagle import random_eagle_layer
 
     device = torch.device(device_name)
@@ -279,6 +282,7 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """Per-step cost of AR, MTP-5, EAGLE and LumoTree, and tree-verify cost vs tree size and depth."""
         import torch
+
         from lumotree.platform.benches.decode import SHAPES
 
         if shapes not in SHAPES:

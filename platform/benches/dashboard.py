@@ -25,10 +25,11 @@ def register(bench_app: typer.Typer) -> None:
         """Fill a database with a synthetic sweep of ATTEMPTS attempts and time the sweep page (server time:
         queries + rendering inside the app, from its Server-Timing header) and the JSON endpoints."""
         from fastapi.testclient import TestClient
+        from rich.console import Console
+
         from lumotree.dashboards.app import create_app
         from lumotree.db.store import Store
         from lumotree.db.synthetic import DEFAULT_ARMS, SyntheticSweep, fill_synthetic_sweep
-        from rich.console import Console
 
         console = Console(stderr=True, quiet=as_json)
         per_task = len(DEFAULT_ARMS) * 2

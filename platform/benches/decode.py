@@ -80,6 +80,7 @@ def copy_bandwidth(device: Any, nbytes: int, repeats: int = 20) -> float:
 def random_model(shapes: str, device: Any, dtype: Any) -> Any:
     """A ``HybridModel`` with the named shapes, random weights made directly on ``device``."""
     import torch
+
     from lumotree.serving.config import ModelConfig
     from lumotree.serving.loader import build_empty
 
@@ -126,6 +127,7 @@ def _time_variant(
 ) -> dict[str, Any]:
     """Fresh caches, a 64-token prefill (exercises the chunked path), then the decode step eager + graphed."""
     import torch
+
     from lumotree.serving.cache import CacheConfig, StateCaches
 
     device, dtype = model.embed_tokens.weight.device, model.dtype

@@ -60,6 +60,7 @@ def _copy_bandwidth(torch: Any, device: Any) -> float | None:
 
 def _random_model(shape: str, device: Any, dtype: Any) -> Any:
     import torch
+
     from lumotree.serving.config import ModelConfig
     from lumotree.serving.model import HybridModel
 
@@ -112,6 +113,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Decode step time of the AR engine vs the weight-read floor."""
         import torch
+
         from lumotree.serving.engine import Engine, EngineConfig
         from lumotree.serving.sampler import SamplingParams
 
@@ -155,7 +157,7 @@ def register(app: typer.Typer) -> None:
                 step.append(time.perf_counter() - t)
             for r in reqs:
                 eng.abort(r.req_id)
-            row = {"batch": b, "forward": _ms(forward), "engine_step": _ms(step),
+            row: dict[str, Any] = {"batch": b, "forward": _ms(forward), "engine_step": _ms(step),
                    "cuda_graphs": bool(eng.runner.graphs), "graph_error": eng.runner.graph_error}  # fmt: skip
             if floor_ms:
                 row["forward_over_floor"] = row["forward"]["median_ms"] / floor_ms

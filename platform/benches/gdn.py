@@ -29,7 +29,7 @@ import typer
 
 def _stats(ms: list[float]) -> dict[str, float]:
     s = sorted(ms)
-    pick = lambda f: s[min(len(s) - 1, int(f * len(s)))]  # noqa: E731
+    pick = lambda f: s[min(len(s) - 1, int(f * len(s)))]
     return {"median_ms": statistics.median(s), "p10_ms": pick(0.1), "p90_ms": pick(0.9), "n": len(s)}
 
 
@@ -87,8 +87,9 @@ def run_gdn_bench(
     if device_name == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
+
     from lumotree.kernels import tree_scan
-    from lumotree.kernels.tree_scan_ref import paired_rule_ok, tree_gdn_float64, tree_gdn_ref
+    from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.tree import chain, load_builtin
 
     device = torch.device(device_name)
@@ -105,7 +106,7 @@ def run_gdn_bench(
     def rnd(*shape: int) -> Any:
         return torch.randn(*shape, generator=gen, device=device)
 
-    l2 = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
+    l2 = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
     q, k = l2(rnd(L, 1, R, hk, dk)), l2(rnd(L, 1, R, hk, dk))
     v = rnd(L, 1, R, hv, dv)
     g = torch.nn.functional.logsigmoid(rnd(L, 1, R, hv) + 3.0)  # decays near 1, as trained models have
@@ -129,8 +130,8 @@ def run_gdn_bench(
             ql, kl, vl, gl, bl = (x.reshape(1, B * T, *x.shape[2:]) for x in (ql, kl, vl, gl, bl))
         cu_l = list(range(0, B * T + 1, T)) if cu is None else cu.tolist()
         par = [j - cu_l[s] - 1 for s in range(len(cu_l) - 1) for j in range(cu_l[s], cu_l[s + 1])]
-        o, st = tree_gdn_ref(ql, kl, vl, gl, bl, par, h0, scale, cu_seqlens=cu_l, output_node_states=True)
-        return o.reshape(B, -1, *o.shape[2:]), st[torch.tensor(cu_l[1:]) - 1]
+        res = tree_gdn_ref(ql, kl, vl, gl, bl, par, h0, scale, cu_seqlens=cu_l, output_node_states=True)
+        return res[0].reshape(B, -1, *res[0].shape[2:]), states_of(res)[torch.tensor(cu_l[1:]) - 1]
 
     results: dict[str, Any] = {"device": str(device), "tree": topo.name, "rows": R, "active": len(active)}
     results["shapes"] = {"layers": L, "hv": hv, "hk": hk, "dk": dk, "dv": dv, "accept_depth": accept_depth}
@@ -151,7 +152,7 @@ def run_gdn_bench(
         flat_pool.copy_(fin)
 
     def publish_inplace() -> None:
-        tree_scan.native_replay_(*(x[:, 0, acc_rows] for x in (q, k, v, g, beta)), flat_pool, scale)
+        tree_scan.native_replay_(qa, ka, va, ga, ba, flat_pool, scale)
 
     publishers = {"per_layer": publish_per_layer, "folded": publish_folded}
     if cuda:
@@ -266,8 +267,8 @@ def run_gdn_bench(
     publish()
     chain_par = list(range(-1, D - 1))
     st64 = torch.stack([
-        tree_gdn_float64(*(x[li : li + 1] for x in (qa, ka, va, ga, ba)), chain_par, pool0[li], scale,
-                         output_node_states=True)[1][-1]
+        states_of(tree_gdn_float64(*(x[li : li + 1] for x in (qa, ka, va, ga, ba)), chain_par, pool0[li],
+                                   scale, output_node_states=True))[-1]
         for li in range(L)
     ])  # fmt: skip
     published = flat_pool.clone()
@@ -305,9 +306,9 @@ def run_gdn_bench(
 
     def pytorch_node() -> None:
         for li in range(L):
-            _, st = tree_gdn_ref(q[li], k[li], v[li], g[li], beta[li], parents, pool[li], scale,
-                                 output_node_states=True)  # fmt: skip
-            flat_pool[li].copy_(st[acc_leaf])
+            res = tree_gdn_ref(q[li], k[li], v[li], g[li], beta[li], parents, pool[li], scale,
+                               output_node_states=True)  # fmt: skip
+            flat_pool[li].copy_(states_of(res)[acc_leaf])
 
     def fla_paths() -> None:
         for li in range(L):

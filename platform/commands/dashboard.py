@@ -22,9 +22,10 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Serve the dashboard: sweeps, solve rate vs tok/s, task matrices, attempt traces, replays."""
+        from rich.console import Console
+
         from lumotree.dashboards.app import DashboardConfig, serve
         from lumotree.db.engine import normalize_url
-        from rich.console import Console
 
         url = normalize_url(db)
         Console(stderr=True).print(

@@ -25,10 +25,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a sweep: mini-swe-agent .traj.json per attempt (traj), the append-only agent event log
         (jsonl), SWE-bench predictions per arm and attempt (preds), or summary tables (csv, parquet)."""
+        from rich.console import Console
+
         from lumotree.dashboards.export import FORMATS
         from lumotree.dashboards.export import export as run_export
         from lumotree.db.store import Store
-        from rich.console import Console
 
         console = Console(stderr=True)
         bad = [f for f in fmt if f not in FORMATS]

@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+
 from lumotree.platform.engine_options import (
     ArmOpt,
     DeviceOpt,
@@ -31,9 +32,7 @@ def register(app: typer.Typer) -> None:
         min_p: Annotated[float, typer.Option(help="0 = off.")] = 0.0,
         presence_penalty: Annotated[float, typer.Option(help="In [-2, 2].")] = 0.0,
         seed: Annotated[int | None, typer.Option(help="Random seed (same seed, same tokens).")] = None,
-        chat: Annotated[
-            bool, typer.Option(help="Send the prompt as a chat user turn.")
-        ] = False,
+        chat: Annotated[bool, typer.Option(help="Send the prompt as a chat user turn.")] = False,
         ignore_eos: Annotated[bool, typer.Option(help="Generate past EOS (benchmarks).")] = False,
         mtp_k: MtpKOpt = 5,
         tree: TreeOpt = "hydra27",
@@ -47,7 +46,7 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         try:
-            from lumotree.serving.llm import LLM
+            from lumotree.serving.llm import LLM, GenerationResult
             from lumotree.serving.sampler import SamplingParams
 
             params = SamplingParams(
@@ -57,6 +56,7 @@ def register(app: typer.Typer) -> None:
             config = engine_config(model, arm, mtp_k, tree, device, dtype, max_model_len, max_seqs=1)
             with err.status(f"loading {model}"):
                 llm = LLM(config)
+            result: GenerationResult
             if chat:
                 result = llm.chat([{"role": "user", "content": prompt}], params)
             else:
@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         except (ValueError, FileNotFoundError, OSError) as e:
             err.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from None
-        out = {"arm": arm, "model": llm.engine.model_name, **result.to_dict()}  # type: ignore[union-attr]
+        out = {"arm": arm, "model": llm.engine.model_name, **result.to_dict()}
         if as_json:
             print(json.dumps(out))
             return

@@ -44,11 +44,12 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of a table."),
     ) -> None:
         """Decode the same recorded prompts on every arm: pooled tok/s, per-run range, acceptance, phases."""
+        from rich.console import Console
+
         from lumotree.db.store import Store
         from lumotree.platform.commands.sweep import default_db_url
         from lumotree.platform.replay import corpus_from_sweep, import_corpus
         from lumotree.platform.replay import export_corpus as write_corpus
-        from rich.console import Console
 
         console = Console(stderr=True)
         if (from_sweep is None) == (corpus is None):
@@ -107,11 +108,12 @@ def run_replay_command(
     ray_address: str | None,
     console: Any,
 ) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from lumotree.platform.actors import ArmHost
     from lumotree.platform.orchestrator import git_commit
     from lumotree.platform.replay import ActorTarget, ReplayTarget, run_replay, summarize_replay
     from lumotree.platform.sweep_config import ArmSpec
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     specs = [ArmSpec(name=a, model=settings["model"], options=settings["options"]) for a in settings["arms"]]
     targets: dict[str, ReplayTarget] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+
 from lumotree.platform.engine_options import (
     ArmOpt,
     DeviceOpt,

@@ -129,13 +129,14 @@ def run_sweep_command(
     store: Any, config: Any, sweep_id: int | None, ray_address: str | None, as_json: bool
 ) -> int:
     """Start arms, plan, run with live progress, print the summary; returns the exit code."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from lumotree.agents.clients import ActorModel, OpenAIModel
     from lumotree.db import queries
     from lumotree.platform.orchestrator import Orchestrator
     from lumotree.platform.sweep_summary import summarize, summary_table
     from lumotree.platform.task_backends import make_backend
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console(stderr=as_json)
     if not console.is_terminal:  # logs and CI: wide enough for the summary table
@@ -145,6 +146,7 @@ def run_sweep_command(
     arm_info: dict[str, dict[str, Any]] = {}
     if any(a.hosted for a in config.arms):
         import ray
+
         from lumotree.platform.actors import ArmStartError, check_specs, start_arm_actors
         from lumotree.platform.ray_runtime import init_ray
 

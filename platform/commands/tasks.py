@@ -15,8 +15,9 @@ DATASET_HELP = "Instance file (JSONL, JSON or parquet) for suites that read one.
 
 
 def _suite(name: str, dataset: str | None, seed: int | None, quiet: bool) -> Any:
-    from lumotree.tasks.api import InstanceError, get_suite
     from rich.console import Console
+
+    from lumotree.tasks.api import InstanceError, get_suite
 
     err = Console(stderr=True)
     log = None if quiet else (lambda msg: err.print(f"[dim]{msg}[/dim]"))
@@ -28,8 +29,9 @@ def _suite(name: str, dataset: str | None, seed: int | None, quiet: bool) -> Any
 
 
 def _instances(suite: Any, limit: int | None) -> list[Any]:
-    from lumotree.tasks.api import InstanceError
     from rich.console import Console
+
+    from lumotree.tasks.api import InstanceError
 
     try:
         return suite.instances(limit=limit)
@@ -127,9 +129,10 @@ def register(app: typer.Typer) -> None:
         output: str | None = typer.Option(None, help="Also write the JSON report to this file."),
     ) -> None:
         """Run the gold patch and the empty patch per instance: valid = gold resolves, empty does not."""
-        from lumotree.tasks.validate import validate as run_validate
         from rich.console import Console
         from rich.progress import Progress
+
+        from lumotree.tasks.validate import validate as run_validate
 
         s = _suite(suite, dataset, seed, as_json)
         insts = _instances(s, limit)

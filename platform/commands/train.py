@@ -40,9 +40,10 @@ def register(app: typer.Typer) -> None:
         tiny: bool = typer.Option(False, "--tiny", help="test-sized model and corpus (seconds on CPU)"),
     ) -> None:
         """Train lumo-tiny: tokenizer, trunk with its MTP layer, EAGLE head; export (HF layout) + card."""
+        from rich.console import Console
+
         from lumotree.serving.train.cli import COMMANDS, make_config
         from lumotree.serving.train.pipeline import run
-        from rich.console import Console
 
         console = Console()
         cfg = make_config(out, device.value, steps, minutes, seed, batch_size, seq_len, corpus_mb, tiny)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
+
 from lumotree.serving.tree import TreeDescriptor
 
 if TYPE_CHECKING:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
 from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
 from lumotree.serving.drafters.feature import Drafts, FeatureDrafter
 from lumotree.serving.request import Request

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from lumotree.serving.sampling.params import SamplingParams
 
 NEG_INF = float("-inf")

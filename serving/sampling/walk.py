@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from lumotree.serving.sampling.rng import gumbel
 from lumotree.serving.sampling.transforms import (
     RowParams,

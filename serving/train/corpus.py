@@ -43,8 +43,8 @@ class Corpus:
     heldout_docs: list[str]
     chat_docs: dict[str, int]
 
-    def manifest(self) -> dict[str, object]:
-        out: dict[str, object] = {}
+    def manifest(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
         for split, docs in (("train", self.train_docs), ("heldout", self.heldout_docs)):
             chosen = [f for f in self.files if f.heldout == (split == "heldout")]
             out[split] = {

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from lumotree.serving.train.lm import TrainLM
 
 MODEL_FILE = "model.safetensors"

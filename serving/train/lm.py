@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
+
 from lumotree.serving.drafters.eagle import FeatureHead, rope_grids, text_config
 from lumotree.serving.train.config import ModelDims
-from torch import nn
 
 
 def hf_config(dims: ModelDims, eos_token_ids: list[int], pad_token_id: int) -> dict[str, Any]:

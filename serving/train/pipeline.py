@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from lumotree.serving.drafters.eagle import EAGLE_DIR, EagleHead, eagle_config
 from lumotree.serving.train.card import write_card
 from lumotree.serving.train.config import TrainConfig
@@ -119,6 +120,8 @@ def run(
         )
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     eot = tok.token_to_id(ENDOFTEXT)
+    if eot is None:
+        raise ValueError(f"{model_dir / 'tokenizer.json'}: no {ENDOFTEXT} token")
 
     if "model" in stages or "eagle" in stages:
         data = TokenData(

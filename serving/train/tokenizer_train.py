@@ -6,8 +6,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from lumotree.serving.train.chats import CHAT_TEMPLATE
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from lumotree.serving.train.chats import CHAT_TEMPLATE
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

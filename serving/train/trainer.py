@@ -23,11 +23,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
 from lumotree.serving.drafters.eagle import EagleHead
 from lumotree.serving.train.config import OptimConfig, TrainConfig
 from lumotree.serving.train.data import TokenData, eval_windows, train_batch
 from lumotree.serving.train.lm import TrainLM
-from torch import nn
 
 Log = Callable[[dict[str, Any]], None]
 

@@ -195,25 +195,28 @@ def _instance(
     log: str,
 ) -> Instance:
     iid = f"astropy__astropy-synth-{content_hash(config.astropy_version, src, patch, length=10)}"
-    return Instance(
-        instance_id=iid,
-        repo=REPO,
-        base_commit=base,
-        patch=patch,
-        test_patch="",
-        problem_statement=problem_statement(test, src, f2p, log),
-        FAIL_TO_PASS=f2p,
-        PASS_TO_PASS=p2p,
-        version=config.astropy_version,
-        log_parser="parse_log_astropy",
-        # Where the bug is: for analysis only, never shown to an agent.
-        synth={
-            "source": src,
-            "test": test,
-            "operator": site.operator,
-            "line": site.line,
-            "function": site.function,
-        },
+    # model_validate: ``synth`` is an extra field (the schema allows extras), not a constructor argument.
+    return Instance.model_validate(
+        dict(
+            instance_id=iid,
+            repo=REPO,
+            base_commit=base,
+            patch=patch,
+            test_patch="",
+            problem_statement=problem_statement(test, src, f2p, log),
+            FAIL_TO_PASS=f2p,
+            PASS_TO_PASS=p2p,
+            version=config.astropy_version,
+            log_parser="parse_log_astropy",
+            # Where the bug is: for analysis only, never shown to an agent.
+            synth={
+                "source": src,
+                "test": test,
+                "operator": site.operator,
+                "line": site.line,
+                "function": site.function,
+            },
+        )
     )
 
 

@@ -6,6 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from lumotree.agents.agent import BashAgent, ExitStatus, parse_action, shape_output
 from lumotree.agents.config import AgentConfig, SamplingConfig
 from lumotree.agents.local_env import LocalEnvironment

@@ -6,6 +6,7 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
+
 from lumotree.dashboards.app import create_app, plotly_js_path
 from lumotree.dashboards.stats import wilson_interval
 from lumotree.db.store import AttemptResult, RequestRecord, Store

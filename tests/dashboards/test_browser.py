@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from lumotree.dashboards.app import DashboardConfig, create_app
 from lumotree.db.store import AttemptResult, Store
 from lumotree.db.synthetic import SyntheticSweep, fill_synthetic_sweep

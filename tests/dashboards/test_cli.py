@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from lumotree.db.store import Store
 from lumotree.db.synthetic import SyntheticSweep, fill_synthetic_sweep
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from lumotree.db.store import Store
 from lumotree.db.synthetic import SyntheticSweep, fill_synthetic_sweep
 

@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from swebench.harness.run_evaluation import get_dataset_from_preds
+from swebench.harness.utils import get_predictions_from_file
+from typer.testing import CliRunner
+
 from lumotree.dashboards.export import TRAJECTORY_FORMAT
 from lumotree.db.store import AttemptResult, Store
 from lumotree.db.synthetic import SyntheticSweep, fill_synthetic_sweep
 from lumotree.platform.cli import app
-from swebench.harness.run_evaluation import get_dataset_from_preds
-from swebench.harness.utils import get_predictions_from_file
-from typer.testing import CliRunner
 
 
 def _export(db_url: str, sweep: int, fmt: str, out: Path) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from lumotree.dashboards.stats import fisher_exact, wilson_interval
 from scipy import stats
+
+from lumotree.dashboards.stats import fisher_exact, wilson_interval
 
 
 @pytest.mark.parametrize("k,n", [(0, 1), (1, 1), (0, 10), (3, 10), (5, 10), (10, 10), (7, 20), (123, 456)])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lumotree.db.engine import BUSY_TIMEOUT_MS, default_url, make_engine, normalize_url, write_engine
 from sqlalchemy import text
+
+from lumotree.db.engine import BUSY_TIMEOUT_MS, default_url, make_engine, normalize_url, write_engine
 
 
 def test_sqlite_pragmas_and_immediate_writes(tmp_path: Path) -> None:

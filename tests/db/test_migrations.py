@@ -9,10 +9,11 @@ from pathlib import Path
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+
 from lumotree.db import migrate
 from lumotree.db.engine import make_engine
 from lumotree.db.models import Base
-from sqlalchemy import inspect
 
 TABLES = {"sweeps", "arms", "tasks", "attempts", "requests", "agent_events", "replay_runs", "replay_results"}
 

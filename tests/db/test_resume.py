@@ -9,9 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from sqlalchemy import func, select
+
 from lumotree.db import models as m
 from lumotree.db.store import AttemptResult, RequestRecord, Store
-from sqlalchemy import func, select
 
 WORKER = """
 import sys, time

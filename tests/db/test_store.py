@@ -7,9 +7,10 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import select
+
 from lumotree.db import models as m
 from lumotree.db.store import AttemptResult, RequestRecord, Store
-from sqlalchemy import select
 
 
 def _sweep(

@@ -11,6 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated: set bef
 
 import pytest
 import torch
+
 from lumotree.kernels.conv import chain_window_index
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from lumotree.kernels.gdn_ref import (
     chunk_gdn_ref,
     float64_gdn_ref,

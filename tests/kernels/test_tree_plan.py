@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from lumotree.kernels.tree_plan import plan_paths
 
 HYDRA_DRAFT_PARENT = [-1, -1, -1, 0, 0, 0, 1, 2, 3, 3, 3, 6, 7, 8, 8, 8, 11, 12, 13, 13, 13, 16, 17, 18, 22,

@@ -11,6 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # read when the kernel is decorated: set b
 
 import pytest
 import torch
+
 from lumotree.kernels import tree_plan
 from lumotree.kernels.tree_scan_ref import paired_rule_ok, tree_gdn_float64, tree_gdn_ref
 

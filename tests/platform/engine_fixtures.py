@@ -35,6 +35,7 @@ def serve(ckpt: Path, max_model_len: int = 4096) -> Iterator[str]:
     """The project's OpenAI-compatible server on 127.0.0.1 (AR arm); yields its base URL."""
     import torch
     import uvicorn
+
     from lumotree.serving.async_engine import AsyncEngine
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.loader import load_model

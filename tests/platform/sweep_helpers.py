@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from sqlalchemy import func, select
+
 from lumotree.db import models as dbm
 from lumotree.db.store import Store
-from sqlalchemy import func, select
 
 
 def bash(text: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import make_chat_checkpoint, serve
+
 from lumotree.agents.clients import OpenAIModel
 from lumotree.agents.config import SamplingConfig
 from lumotree.agents.protocols import ContextLengthExceeded

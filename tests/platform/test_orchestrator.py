@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sweep_helpers import FIX, NOOP, check_sweep, script
+
 from lumotree.agents.scripted import ScriptedModel
 from lumotree.db.store import Store
 from lumotree.platform.orchestrator import Orchestrator
 from lumotree.platform.sweep_config import ArmSpec, SweepConfig
 from lumotree.platform.sweep_summary import summarize, summary_table
 from lumotree.platform.task_backends import LocalToyBackend
-from sweep_helpers import FIX, NOOP, check_sweep, script
 
 
 def test_sweep_runs_grades_and_summarizes(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from lumotree.agents.protocols import DecodeStats
 from lumotree.db.store import AttemptResult, RequestRecord, Store
 from lumotree.platform.replay import (

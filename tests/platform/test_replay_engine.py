@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
+
 from lumotree.db import queries
 from lumotree.db.store import Store
 from lumotree.platform.actors import ArmHost
@@ -44,6 +45,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine_llm(path: Path, arm: str):  # -> LLM
     """The engine over the checkpoint without a tokenizer (replay needs token ids only)."""
     import torch
+
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.llm import LLM
     from lumotree.serving.loader import load_model

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from lumotree.platform.stats import fisher_resolved, pooled_rate, wilson_interval
 from scipy.stats import fisher_exact as scipy_fisher
+
+from lumotree.platform.stats import fisher_resolved, pooled_rate, wilson_interval
 
 
 @pytest.mark.parametrize("k1,n1,k2,n2", [(5, 20, 7, 20), (0, 10, 6, 10), (11, 20, 12, 20), (3, 7, 1, 9)])

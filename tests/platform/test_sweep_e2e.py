@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 from engine_fixtures import docker_available, make_chat_checkpoint, serve, synth_instances_ready
+from sqlalchemy import select
+
 from lumotree.db import models as dbm
 from lumotree.db.store import Store
-from sqlalchemy import select
 
 CLI = "from lumotree.platform.cli import main; main()"
 

@@ -16,6 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import func, select
+from sweep_helpers import FIX, NOOP, bash, check_sweep, script
+
 from lumotree.agents.clients import ActorModel
 from lumotree.db import models as dbm
 from lumotree.db.store import Store
@@ -23,8 +26,6 @@ from lumotree.platform.actors import start_arm_actors
 from lumotree.platform.orchestrator import Orchestrator
 from lumotree.platform.sweep_config import ArmSpec, SweepConfig
 from lumotree.platform.task_backends import LocalToyBackend
-from sqlalchemy import func, select
-from sweep_helpers import FIX, NOOP, bash, check_sweep, script
 
 CLI = "from lumotree.platform.cli import main; main()"
 
@@ -32,6 +33,7 @@ CLI = "from lumotree.platform.cli import main; main()"
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
     import ray
+
     from lumotree.platform.ray_runtime import init_ray
 
     init_ray()

@@ -16,8 +16,9 @@ SMALL = {"gdn1_attn1": ["linear_attention", "full_attention"]}
 def write_arms_checkpoint(
     path: Path, seed: int = 0, vocab: int = 300, layout: str = "gdn3_attn1", eagle_inner: int = 96
 ) -> Path:
-    from lumotree.serving.drafters.eagle import EagleHead, eagle_config
     from safetensors.torch import load_file, save_file
+
+    from lumotree.serving.drafters.eagle import EagleHead, eagle_config
 
     cfg = tiny_config_dict(LAYOUTS.get(layout, SMALL.get(layout)), vocab=vocab)
     hf_model(cfg, seed).save_pretrained(path, safe_serialization=True)

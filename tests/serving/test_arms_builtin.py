@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+
 from lumotree.serving.builtin import BUILTIN
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.sampler import SamplingParams

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.loader import load_model
 from lumotree.serving.sampler import Sampler, SamplingParams

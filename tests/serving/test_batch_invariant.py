@@ -4,6 +4,7 @@ correctly rounded float64 result (plain ``F.linear`` depends on M on the CPU bac
 from __future__ import annotations
 
 import torch
+
 from lumotree.serving.batch_invariant import invariant_linear
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import LAYOUTS, tiny_config_dict  # noqa: I001
+from checkpoints import LAYOUTS, tiny_config_dict
+
 from lumotree.serving.cache import CacheConfig, CacheFullError, StateCaches
 from lumotree.serving.config import ModelConfig
 

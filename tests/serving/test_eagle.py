@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from lumotree.serving.drafters.eagle import EagleHead, eagle_config
 from lumotree.serving.train.config import ModelDims
 from lumotree.serving.train.lm import hf_config

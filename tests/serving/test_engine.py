@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from lumotree.serving.arms import PrefillFeedback, StepFeedback
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.loader import load_model

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from lumotree.platform.cli import app
 from typer.testing import CliRunner
+
+from lumotree.platform.cli import app
 
 
 def test_engine_bench_tiny_cpu(tmp_path) -> None:

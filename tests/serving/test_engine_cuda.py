@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.loader import load_model
 from lumotree.serving.sampler import SamplingParams

@@ -7,11 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
 from lumotree.platform.cli import app
 from lumotree.serving.engine import EngineConfig
 from lumotree.serving.llm import LLM
 from lumotree.serving.sampler import SamplingParams
-from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _chat_checkpoint import chat_checkpoint  # noqa: E402

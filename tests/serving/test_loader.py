@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoints import LAYOUTS, tiny_config_dict  # noqa: I001
+from checkpoints import LAYOUTS, tiny_config_dict
+from safetensors.torch import load_file, save_file
+
 from lumotree.serving.config import ConfigError, ModelConfig
 from lumotree.serving.loader import CheckpointError, load_model
 from lumotree.serving.tokenizer import Tokenizer
-from safetensors.torch import load_file, save_file
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from scipy import stats
+
 from lumotree.serving.sampler import RowParams, Sampler, SamplingParams, probabilities
 from lumotree.serving.sampling.rng import uniform
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _sampler_ref import ref_probs  # noqa: E402

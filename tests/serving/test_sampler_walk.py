@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from lumotree.serving.sampler import RowParams, Sampler, SamplingParams, TreeBatch, node_probabilities
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+
 from lumotree.serving.async_engine import AsyncEngine
 from lumotree.serving.engine import Engine, EngineConfig
 from lumotree.serving.loader import load_model

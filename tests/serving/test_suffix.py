@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from lumotree.serving.drafters.suffix import SEPARATOR, SuffixCache, SuffixConfig, SuffixDrafter, SuffixIndex
 
 CFG = SuffixConfig(min_match=2, max_match=12, long_gram=4, max_candidates=10**9, min_prob=0.2)

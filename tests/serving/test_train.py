@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
+
 from lumotree.serving.train.chats import agent_format, bare_agent_format, render_chat, transcript_messages
 from lumotree.serving.train.config import CorpusConfig
 from lumotree.serving.train.corpus import build_corpus, is_heldout
 from lumotree.serving.train.tokenizer_train import SPECIAL_TOKENS, save_tokenizer, train_tokenizer
-from typer.testing import CliRunner
 
 pytestmark = pytest.mark.usefixtures("hf_torch_fallback")
 
@@ -119,10 +120,11 @@ def test_export_layout_card_and_size(run_dir: Path) -> None:
 
 
 def test_checkpoint_same_logits_in_transformers_our_loader_and_trainer(run_dir: Path) -> None:
+    from transformers import Qwen3_5ForCausalLM
+
     from lumotree.serving.cache import CacheConfig, StateCaches
     from lumotree.serving.loader import load_model
     from lumotree.serving.train.export import load_checkpoint
-    from transformers import Qwen3_5ForCausalLM
 
     path = run_dir / "lumo-tiny"
     ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(0)).tolist()

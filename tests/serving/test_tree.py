@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+
 from lumotree.serving.tree import TreeDescriptor, TreeError, TreeTopology, chain, hydra27
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from lumotree.serving.drafters.suffix import SuffixConfig, SuffixDrafter
 from lumotree.serving.tree import TreeTopology, hydra27
 from lumotree.serving.tree_builder import PAD_TOKEN, AdaptiveConfig, build_adaptive, build_chain, build_fixed

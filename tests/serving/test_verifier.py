@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from lumotree.serving.cache import CacheConfig, StateCaches
 from lumotree.serving.loader import load_model
 from lumotree.serving.sampler import SamplingParams

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from lumotree.tasks.api import Instance, grade
 from lumotree.tasks.grading import evaluate, parse_log, strip_ansi
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 
 import pytest
+
 from lumotree.tasks.synth.mutate import OPERATORS, mutate, mutation_sites
 
 SOURCE = """LIMIT = 3

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from lumotree.tasks.rootfs import BaseSpec, LayerSpec, apt_mirror, build_layer, clean_build_env, content_hash
 
 

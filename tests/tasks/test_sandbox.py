@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from lumotree.tasks.sandbox import DockerSandbox, OutputBuffer, SandboxConfig
 
 pytestmark = pytest.mark.docker

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from lumotree.tasks.api import get_suite
 from lumotree.tasks.synth.config import SynthConfig
 from lumotree.tasks.synth.generate import problem_statement
@@ -82,9 +83,8 @@ def test_candidate_order_depends_on_the_seed_only(tmp_path) -> None:
 
 @pytest.mark.docker
 def test_handful_validate_in_offline_image(suite: AstropySynthSuite) -> None:
-    from lumotree.tasks.validate import validate
-
     import docker
+    from lumotree.tasks.validate import validate
 
     insts = suite.instances(limit=CI_VALIDATE)
     report = validate(suite, insts)
