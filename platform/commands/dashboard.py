@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import typer
 
+from lumotree.platform.db_options import db_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def dashboard(
-        db: str = typer.Option(
-            None,
-            "--db",
-            help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./runs/lumotree.db).",
-        ),
+        db: str | None = db_option(),
         host: str = typer.Option(
             "127.0.0.1", "--host", help="Interface to bind (0.0.0.0 to serve the network)."
         ),

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from lumotree.platform.db_options import db_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -17,11 +19,7 @@ def register(app: typer.Typer) -> None:
             ..., "--format", help="traj | jsonl | preds | csv | parquet (repeat the option for several)."
         ),
         out: Path = typer.Option(..., "--out", help="Output folder (created if missing)."),
-        db: str = typer.Option(
-            None,
-            "--db",
-            help="Database URL or SQLite path (default: $LUMOTREE_DB_URL or ./runs/lumotree.db).",
-        ),
+        db: str | None = db_option(),
     ) -> None:
         """Export a sweep: mini-swe-agent .traj.json per attempt (traj), the append-only agent event log
         (jsonl), SWE-bench predictions per arm and attempt (preds), or summary tables (csv, parquet)."""

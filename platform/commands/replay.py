@@ -9,6 +9,8 @@ from typing import Any
 
 import typer
 
+from lumotree.platform.db_options import db_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
@@ -37,7 +39,7 @@ def register(app: typer.Typer) -> None:
         ray_address: str | None = typer.Option(
             None, help="Join this Ray cluster instead of starting a local one."
         ),
-        db: str | None = typer.Option(None, help="Database URL or SQLite path (default: runs/lumotree.db)."),
+        db: str | None = db_option(),
         out: Path | None = typer.Option(
             None, help="Write the JSON report here (default: runs/replay-<id>.json)."
         ),
@@ -47,14 +49,13 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from lumotree.db.store import Store
-        from lumotree.platform.commands.sweep import default_db_url
         from lumotree.platform.replay import corpus_from_sweep, import_corpus
         from lumotree.platform.replay import export_corpus as write_corpus
 
         console = Console(stderr=True)
         if (from_sweep is None) == (corpus is None):
             raise typer.BadParameter("give exactly one of --from-sweep ID and --corpus FILE")
-        store = Store(db or default_db_url())
+        store = Store(db)  # None: lumotree.db.engine.default_url()
         if corpus is not None:
             try:
                 requests = import_corpus(corpus)[:limit]

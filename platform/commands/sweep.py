@@ -10,13 +10,7 @@ from typing import Any
 
 import typer
 
-DEFAULT_DB = "runs/lumotree.db"
-
-
-def default_db_url() -> str:
-    import os
-
-    return os.environ.get("LUMOTREE_DB_URL") or f"sqlite:///{Path(DEFAULT_DB).resolve()}"
+from lumotree.platform.db_options import db_option
 
 
 def parse_arm_urls(values: list[str]) -> list[dict[str, Any]]:
@@ -50,7 +44,7 @@ def register(app: typer.Typer) -> None:
         suite: str = typer.Option("astropy-synth", help="Task suite."),
         attempts: int = typer.Option(2, min=1, help="Attempts per arm and task."),
         limit: int | None = typer.Option(None, min=1, help="Use only the suite's first N tasks."),
-        db: str | None = typer.Option(None, help=f"Database URL or SQLite path (default: {DEFAULT_DB})."),
+        db: str | None = db_option(),
         ray_address: str | None = typer.Option(
             None, help="Join this Ray cluster instead of starting a local one."
         ),
@@ -82,7 +76,7 @@ def register(app: typer.Typer) -> None:
         from lumotree.db.store import Store
         from lumotree.platform.sweep_config import ArmSpec, SweepConfig
 
-        store = Store(db or default_db_url())
+        store = Store(db)  # None: lumotree.db.engine.default_url()
         if resume is not None:
             sweep_id = int(resume) if resume.isdigit() else store.find_sweep(resume)
             row = store.get_sweep(sweep_id) if sweep_id is not None else None
