@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,10 +23,13 @@ SNIPPETS = [
 class Loaded:
     """A model ready for audits."""
 
-    model: torch.nn.Module
-    config: object
+    model: Any
+    """The HybridModel."""
+    config: Any
+    """Its ModelConfig."""
     path: Path
-    tokenizer: object | None
+    tokenizer: Any
+    """A Tokenizer, or None when the checkpoint has none."""
     device: str
 
 
@@ -48,12 +52,12 @@ def load(model: str, device: str, dtype: str | None = None) -> Loaded:
 
 def prefixes(loaded: Loaded, count: int, length: int, seed: int) -> list[list[int]]:
     """``count`` prompts of at most ``length`` tokens: the snippets tokenized, or seeded random ids."""
-    vocab = loaded.config.vocab_size  # type: ignore[attr-defined]
+    vocab = loaded.config.vocab_size
     out = []
     gen = torch.Generator().manual_seed(seed)
     for i in range(count):
         if loaded.tokenizer is not None:
-            ids = list(loaded.tokenizer.encode(SNIPPETS[i % len(SNIPPETS)]))[-length:]  # type: ignore[attr-defined]
+            ids = list(loaded.tokenizer.encode(SNIPPETS[i % len(SNIPPETS)]))[-length:]
             if len(ids) >= 4:
                 out.append([int(t) for t in ids])
                 continue
@@ -70,59 +74,59 @@ class Sequence1:
         capacity: int,
         block_size: int = 16,
         seq_id: int = 0,
-        caches: object | None = None,
+        caches: Any = None,
     ) -> None:
         from lumotree.serving.cache import CacheConfig, StateCaches
 
-        self.model = loaded.model
-        self.caches = caches or StateCaches(
+        self.model: Any = loaded.model
+        self.caches: Any = caches or StateCaches(
             loaded.config,
-            CacheConfig(max_seqs=4, num_blocks=capacity // block_size + 8, block_size=block_size),  # type: ignore[arg-type]
+            CacheConfig(max_seqs=4, num_blocks=capacity // block_size + 8, block_size=block_size),
             device=loaded.device,
-            dtype=loaded.model.dtype,  # type: ignore[attr-defined]
+            dtype=loaded.model.dtype,
         )
         self.sid = seq_id
-        self.caches.allocate(seq_id, capacity)  # type: ignore[attr-defined]
+        self.caches.allocate(seq_id, capacity)
         self.ctx = 0
         """Tokens committed to the state surfaces."""
 
     def prefill(self, tokens: list[int]) -> torch.Tensor:
         """Commit ``tokens``; returns the logits of the last one [V]."""
-        b = self.caches.make_batch("prefill", [self.sid], [tokens], [self.ctx])  # type: ignore[attr-defined]
+        b = self.caches.make_batch("prefill", [self.sid], [tokens], [self.ctx])
         h = self.model(b, self.caches)
         self.ctx += len(tokens)
-        return self.model.compute_logits(h[-1:])[0]  # type: ignore[attr-defined]
+        return self.model.compute_logits(h[-1:])[0]
 
     def decode(self, token: int) -> torch.Tensor:
-        b = self.caches.make_batch("decode", [self.sid], [[token]], [self.ctx])  # type: ignore[attr-defined]
+        b = self.caches.make_batch("decode", [self.sid], [[token]], [self.ctx])
         h = self.model(b, self.caches)
         self.ctx += 1
-        return self.model.compute_logits(h)[0]  # type: ignore[attr-defined]
+        return self.model.compute_logits(h)[0]
 
     def tree(self, tokens: list[int], parents: list[int]) -> tuple[torch.Tensor, object, object]:
         """Tree forward rooted at the pending token ``tokens[0]``: (logits [N, V], record, batch)."""
-        b = self.caches.make_batch("tree", [self.sid], [tokens], [self.ctx], [parents])  # type: ignore[attr-defined]
+        b = self.caches.make_batch("tree", [self.sid], [tokens], [self.ctx], [parents])
         h = self.model(b, self.caches)
-        return self.model.compute_logits(h), self.model.tree_record, b  # type: ignore[attr-defined]
+        return self.model.compute_logits(h), self.model.tree_record, b
 
     @property
     def row(self) -> int:
-        return self.caches.seqs[self.sid].state_row  # type: ignore[attr-defined]
+        return self.caches.seqs[self.sid].state_row
 
     @property
     def blocks(self) -> list[int]:
-        return self.caches.seqs[self.sid].blocks  # type: ignore[attr-defined]
+        return self.caches.seqs[self.sid].blocks
 
     def kv_at(self, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [attn layers, len(positions), Hkv, D] at logical positions."""
-        c = self.caches.kv  # type: ignore[attr-defined]
+        c = self.caches.kv
         slots = torch.tensor([c.slot(self.blocks, p) for p in positions], device=c.k.device)
         L, nb, bs = c.k.shape[:3]
         n_attn = len(self.model.config.attn_layers)  # type: ignore[attr-defined]  # MTP layers follow
-        return tuple(x.view(L, nb * bs, *x.shape[3:])[:n_attn, slots] for x in (c.k, c.v))  # type: ignore[return-value]
+        return tuple(x.view(L, nb * bs, *x.shape[3:])[:n_attn, slots] for x in (c.k, c.v))
 
     def gdn_state(self) -> torch.Tensor:
-        return self.caches.recurrent.state[:, self.row]  # type: ignore[attr-defined]
+        return self.caches.recurrent.state[:, self.row]
 
     def conv_state(self) -> torch.Tensor:
-        return self.caches.conv.state[:, self.row]  # type: ignore[attr-defined]
+        return self.caches.conv.state[:, self.row]

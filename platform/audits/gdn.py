@@ -136,9 +136,10 @@ def pick_kernels(kind: str, device: str) -> Kernels:
         return Kernels(gdn_ref.naive_tree_gdn, dispatch.gdn_decode, "naive_tree_gdn vs dispatch.gdn_decode")
     if kind == "triton":
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fused
+
         from lumotree.kernels.tree_scan import tree_gdn
 
-        def decode(q, k, v, g, beta, scale, state):  # type: ignore[no-untyped-def]
+        def decode(q, k, v, g, beta, scale, state):
             return fused(q, k, v, g=g, beta=beta, scale=scale, initial_state=state, output_final_state=True)
 
         return Kernels(tree_gdn, decode, "tree_scan.tree_gdn vs fla fused_recurrent")

@@ -79,9 +79,9 @@ class Lane:
         block = 4 if kind == "capacity" else 16
         self.seq = Sequence1(loaded, capacity, block_size=block, seq_id=1 if kind == "capacity" else 0)
         if kind == "capacity":  # a different pool row and different blocks than the candidate's
-            self.seq.caches.free(1)  # type: ignore[attr-defined]
-            self.seq.caches.allocate("pad", 8)  # type: ignore[attr-defined]
-            self.seq.caches.allocate(1, capacity)  # type: ignore[attr-defined]
+            self.seq.caches.free(1)
+            self.seq.caches.allocate("pad", 8)
+            self.seq.caches.allocate(1, capacity)
 
     def advance(self, tokens: list[int]) -> torch.Tensor:
         if self.kind == "prefill":
@@ -166,7 +166,7 @@ def cycle(
         ref_logits = tr.ref.step(t)
     assert ref_logits is not None
     PendingBox.token = int(torch.argmax(ref_logits))
-    tr.cand.model.commit(record, torch.tensor([path]), tr.cand.caches)  # type: ignore[attr-defined]
+    tr.cand.model.commit(record, torch.tensor([path]), tr.cand.caches)
     tr.cand.ctx += len(path)
     cand_logits = logits[path[-1]]
     new, old = list(range(before, tr.cand.ctx)), list(range(before))
@@ -222,7 +222,7 @@ def run_prefix(
     tr = start(loaded, prefix, cand, ref0, capacity)
     schedule("cold", tr)
     schedule("resumed", tr)
-    cand.caches.free(0)  # type: ignore[attr-defined]
+    cand.caches.free(0)
     primed = Sequence1(loaded, capacity, seq_id=2, caches=cand.caches)
     schedule("primed", start(loaded, prefix, primed, ref0, capacity))
     return rows
@@ -255,7 +255,7 @@ def run_model_audit(
 ) -> AuditReport:
     loaded = loaded or load(cfg.model, cfg.device, cfg.dtype)
     ref0 = Reference64(loaded.model)
-    rep = AuditReport("model", {**asdict(cfg), "dtype_run": str(loaded.model.dtype)})  # type: ignore[attr-defined]
+    rep = AuditReport("model", {**asdict(cfg), "dtype_run": str(loaded.model.dtype)})
     pre = prefixes(loaded, max(cfg.prefixes, cfg.fault_prefixes), cfg.prefix_len, cfg.seed)
     rows: list[dict[str, Any]] = []
     for i in range(cfg.prefixes):

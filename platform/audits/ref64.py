@@ -12,6 +12,7 @@ all earlier positions, times sigmoid(gate), o_proj; SwiGLU MLP; final norm; lm_h
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -26,8 +27,8 @@ class Reference64:
     """The state surfaces of one sequence in float64, advanced one token at a time."""
 
     def __init__(self, model: torch.nn.Module) -> None:
-        c = model.config  # type: ignore[attr-defined]
-        self.c = c
+        c: Any = model.config
+        self.c: Any = c
         self.p = {k: v.detach().to("cpu", F64) for k, v in model.state_dict().items()}
         if "lm_head.weight" not in self.p:
             self.p["lm_head.weight"] = self.p["embed_tokens.weight"]

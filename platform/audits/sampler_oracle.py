@@ -10,6 +10,7 @@ probabilities of the kept set in float64. Greedy rows are one-hot at the lowest-
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -57,7 +58,7 @@ def row_distribution(
 
 
 def node_distributions(
-    tokens: list[int], parents: list[int], logits: torch.Tensor, history: torch.Tensor | None, params: object
+    tokens: list[int], parents: list[int], logits: torch.Tensor, history: torch.Tensor | None, params: Any
 ) -> torch.Tensor:
     """[N, V] float64 for every node of one tree (``params`` a SamplingParams)."""
     out = []

@@ -79,8 +79,9 @@ def test_gdn_audit_passes_and_catches_a_wrong_parent(monkeypatch: pytest.MonkeyP
 
 def test_cli_all_quick_passes_with_reports(audit_model: str, tmp_path: Path) -> None:
     """What CI runs: all three quick audits in one command (they must pass, faults included)."""
-    from lumotree.platform.cli import app
     from typer.testing import CliRunner
+
+    from lumotree.platform.cli import app
 
     res = CliRunner().invoke(
         app, ["audit", "all", "--quick", "--model", audit_model, "--json", "--out", str(tmp_path)]
@@ -100,9 +101,10 @@ def test_cli_exits_nonzero_when_the_commit_is_broken(
     audit_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A commit that forgets to remap KV: the model audit's checks fail and the command exits 1."""
+    from typer.testing import CliRunner
+
     from lumotree.platform.audits import faults
     from lumotree.platform.cli import app
-    from typer.testing import CliRunner
 
     with faults.model_fault("kv_not_remapped"):
         res = CliRunner().invoke(
