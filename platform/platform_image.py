@@ -66,11 +66,13 @@ def source_archive(root: Path) -> bytes:
 
 
 def requirements(spec: PlatformImageSpec) -> str:
-    """The target's third-party requirements: the dashboard's list, or every dependency in pyproject.toml."""
-    if spec.target == "dashboard":
-        return (spec.source / "docker" / "requirements-dashboard.txt").read_text()
+    """The target's third-party requirements from pyproject.toml: the ``dashboard`` extra, or every
+    dependency (docker/install.sh reads the same lists)."""
     with open(spec.source / "pyproject.toml", "rb") as f:
-        return "\n".join(tomllib.load(f)["project"]["dependencies"]) + "\n"
+        project = tomllib.load(f)["project"]
+    extras = project["optional-dependencies"]
+    deps = extras["dashboard"] if spec.target == "dashboard" else project["dependencies"]
+    return "\n".join(deps) + "\n"
 
 
 def layer_specs(spec: PlatformImageSpec, base: str) -> tuple[rootfs.LayerSpec, rootfs.LayerSpec]:
