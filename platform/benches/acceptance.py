@@ -359,6 +359,7 @@ def register(bench_app: typer.Typer) -> None:
     ) -> None:
         """Greedy acceptance of MTP, EAGLE and LumoTree on held-out prompts, and greedy equality with AR."""
         import torch
+        from rich.console import Console
         from rich.progress import Progress
 
         names = [a.strip() for a in arms.split(",") if a.strip()]
@@ -370,7 +371,8 @@ def register(bench_app: typer.Typer) -> None:
             model=model, arms=names, prompts=prompts, limit=limit, max_tokens=max_tokens, batch=batch,
             device=device, dtype=dtype, mtp_k=mtp_k, ignore_eos=ignore_eos, threads=threads,
         )  # fmt: skip
-        with Progress(transient=True, disable=as_json) as bar:
+        # Progress goes to stderr so that --json keeps stdout a clean JSON document.
+        with Progress(console=Console(stderr=True)) as bar:
 
             def progress(name: str, total: int) -> Any:
                 task = bar.add_task(name, total=total)
