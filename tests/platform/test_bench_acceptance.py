@@ -12,6 +12,7 @@ import json
 import shutil
 
 import pytest
+
 from lumotree.platform.benches.acceptance import (
     AcceptanceConfig,
     Prompt,
@@ -96,8 +97,9 @@ def test_chat_prompts_are_fed_through_the_chat_template(tmp_path) -> None:
 
 
 def test_cli_writes_json_and_records_into_a_model_copy(tmp_path) -> None:
-    from lumotree.platform.cli import app
     from typer.testing import CliRunner
+
+    from lumotree.platform.cli import app
 
     shipped = (PATH / "metrics.json").read_bytes()
     model = tmp_path / "lumo-tiny"
