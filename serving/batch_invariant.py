@@ -11,8 +11,8 @@ far below fp32's 2^-24 rounding step: the rounded result is the same for every M
 within that sliver of a rounding boundary (about K * 2^-29 per element, ~1e-7 for K = 64). It costs
 a float64 matmul, so it is meant for CPU verification and tests, not for GPU serving.
 
-Hook (one line in the model's linear call sites, e.g. a ``Linear`` subclass or ``dispatch.linear``):
-``y = invariant_linear(x, self.weight, self.bias) if batch_invariant_enabled() else F.linear(x, ...)``.
+Hook: every projection of the model (attention, GDN, MLP, MTP fc, lm_head) goes through
+``lumotree.serving.model.layers.linear(x, layer)``, which calls ``invariant_linear`` when the flag is set.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from ...kernels.attention import paged_attention_ref, write_kv
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import RMSNorm
+from .layers import RMSNorm, linear
 
 
 class GatedAttention(nn.Module):
@@ -32,12 +32,12 @@ class GatedAttention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches) -> torch.Tensor:
         R = x.shape[0]
         batch = ctx.batch
-        qg = self.q_proj(x).view(R, self.hq, 2 * self.d)
+        qg = linear(x, self.q_proj).view(R, self.hq, 2 * self.d)
         q_raw, gate = qg[..., : self.d], qg[..., self.d :]
         q = dispatch.norm_rope(q_raw, self.q_norm.weight, ctx.cos, ctx.sin, self.q_norm.eps)
-        k = self.k_proj(x).view(R, self.hkv, self.d)
+        k = linear(x, self.k_proj).view(R, self.hkv, self.d)
         k = dispatch.norm_rope(k, self.k_norm.weight, ctx.cos, ctx.sin, self.k_norm.eps)
-        v = self.v_proj(x).view(R, self.hkv, self.d)
+        v = linear(x, self.v_proj).view(R, self.hkv, self.d)
         kc, vc = caches.kv.k[self.kv_index], caches.kv.v[self.kv_index]
         write_kv(kc, vc, k, v, batch.slot_mapping)
         if batch.mode == "decode":
@@ -51,4 +51,4 @@ class GatedAttention(nn.Module):
                 q, kc, vc, batch.block_tables, batch.slot_mapping, ctx.seq_bounds, ctx.new_visible, self.scale
             )
             out = out.reshape(R, self.hq * self.d) * torch.sigmoid(gate.reshape(R, self.hq * self.d))
-        return self.o_proj(out)
+        return linear(out, self.o_proj)

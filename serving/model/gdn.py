@@ -10,7 +10,7 @@ from ...kernels import dispatch
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import GatedRMSNorm
+from .layers import GatedRMSNorm, linear
 from .record import GDNReplay, TreeRecord
 
 
@@ -42,10 +42,10 @@ class GatedDeltaNet(nn.Module):
         R, S = x.shape[0], batch.num_seqs
         li = self.pool_index
         rows = batch.state_rows
-        qkv = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).view(R, self.hv, self.dv)
-        b = self.in_proj_b(x)
-        a = self.in_proj_a(x)
+        qkv = linear(x, self.in_proj_qkv)
+        z = linear(x, self.in_proj_z).view(R, self.hv, self.dv)
+        b = linear(x, self.in_proj_b)
+        a = linear(x, self.in_proj_a)
 
         conv_pool = caches.conv.state[li]
         conv_w = self.conv1d.weight[:, 0, :]
@@ -97,4 +97,4 @@ class GatedDeltaNet(nn.Module):
             if record is not None:
                 record.layers.append(GDNReplay(q, k, v, g, beta, qkv))
         y = self.norm(o.to(x.dtype), z)
-        return self.out_proj(y.reshape(R, self.value_dim))
+        return linear(y.reshape(R, self.value_dim), self.out_proj)

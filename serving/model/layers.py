@@ -1,4 +1,4 @@
-"""Small building blocks of the Qwen3.5 text model: norms, MLP, rotary embedding."""
+"""Small building blocks of the Qwen3.5 text model: linear hook, norms, MLP, rotary embedding."""
 
 from __future__ import annotations
 
@@ -6,6 +6,15 @@ import torch
 from torch import nn
 
 from ...kernels import dispatch
+from ..batch_invariant import batch_invariant_enabled, invariant_linear
+
+
+def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
+    """Every projection of the model goes through here. With LUMOTREE_BATCH_INVARIANT=1 a row's output does
+    not depend on how many rows share the forward (tree verify vs 1-row decode); otherwise ``layer(x)``."""
+    if batch_invariant_enabled():
+        return invariant_linear(x, layer.weight, layer.bias)
+    return layer(x)
 
 
 class RMSNorm(nn.Module):
@@ -47,7 +56,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(dispatch.silu_mul(self.gate_proj(x), self.up_proj(x)))
+        return linear(dispatch.silu_mul(linear(x, self.gate_proj), linear(x, self.up_proj)), self.down_proj)
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:

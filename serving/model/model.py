@@ -12,7 +12,7 @@ from .attention import GatedAttention
 from .commit import commit_tree
 from .context import ForwardContext, build_context
 from .gdn import GatedDeltaNet
-from .layers import MLP, RMSNorm, rope_inv_freq
+from .layers import MLP, RMSNorm, linear, rope_inv_freq
 from .record import TreeRecord
 
 
@@ -68,7 +68,8 @@ class MTP(nn.Module):
         caches: StateCaches,
         step: int = 0,
     ) -> torch.Tensor:
-        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x = torch.cat([self.pre_fc_norm_embedding(embeds), self.pre_fc_norm_hidden(hidden)], dim=-1)
+        x = linear(x, self.fc)
         x = self.layers[step % len(self.layers)](x, ctx, caches, None)
         return self.norm(x)
 
@@ -129,7 +130,7 @@ class HybridModel(nn.Module):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[R, V] fp32 logits."""
-        return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_head).float()
 
     @torch.no_grad()
     def forward_mtp(
