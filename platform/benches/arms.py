@@ -33,15 +33,6 @@ def _ms(xs: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(xs), "min_ms": min(xs), "max_ms": max(xs), "n": len(xs)}
 
 
-def random_mtp_model(shapes: str, device: Any, dtype: Any) -> Any:
-    """``bench decode``'s random model of these shapes with one MTP layer added."""
-    from lumotree.platform.benches import decode
-
-    key = f"{shapes}+mtp"
-    decode.SHAPES.setdefault(key, {**decode.SHAPES[shapes], "mtp_num_hidden_layers": 1})
-    return decode.random_model(key, device, dtype)
-
-
 def bushy_parents(n: int, fanout: int) -> list[int]:
     """A complete tree in breadth-first order: node i's parent is (i - 1) // fanout."""
     return [-1] + [(i - 1) // fanout for i in range(1, n)]
@@ -197,6 +188,7 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
         iters: int, graphs: bool) -> dict[str, Any]:  # fmt: skip
     import torch
 
+    from lumotree.platform.benches import decode
     from lumotree.serving.drafters.eagle import random_eagle_layer
 
     device = torch.device(device_name)
@@ -205,7 +197,7 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
     ]
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    model = random_mtp_model(shapes, device, dtype)
+    model = decode.random_model(shapes, device, dtype, mtp=True)
     eagle = random_eagle_layer(model.config, device, dtype)
     report: dict[str, Any] = {
         "bench": "arms", "shapes": shapes, "device": torch.cuda.get_device_name(device)

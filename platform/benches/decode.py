@@ -77,14 +77,16 @@ def copy_bandwidth(device: Any, nbytes: int, repeats: int = 20) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def random_model(shapes: str, device: Any, dtype: Any) -> Any:
-    """A ``HybridModel`` with the named shapes, random weights made directly on ``device``."""
+def random_model(shapes: str, device: Any, dtype: Any, mtp: bool = False) -> Any:
+    """A ``HybridModel`` with the named shapes, random weights made directly on ``device``; ``mtp`` adds one
+    MTP layer (``model.mtp``, the drafter of the mtp and lumotree arms)."""
     import torch
 
     from lumotree.serving.config import ModelConfig
     from lumotree.serving.loader import build_empty
 
-    cfg = ModelConfig(**{**SHAPES[shapes], "layer_types": tuple(SHAPES[shapes]["layer_types"])})
+    shape = {**SHAPES[shapes], "mtp_num_hidden_layers": int(mtp)}
+    cfg = ModelConfig(**{**shape, "layer_types": tuple(shape["layer_types"])})
     model = build_empty(cfg, device, dtype)
     gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
