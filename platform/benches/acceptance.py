@@ -241,15 +241,14 @@ def run(cfg: AcceptanceConfig, progress: Any = None) -> dict[str, Any]:
     import torch
 
     from lumotree.serving.builtin import resolve_model
-    from lumotree.serving.loader import load_model
+    from lumotree.serving.loader import device_dtype, load_model
     from lumotree.serving.tokenizer import Tokenizer
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     path = resolve_model(cfg.model)
     device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = cfg.dtype or ("float32" if device.type == "cpu" else None)
-    model, _ = load_model(path, device=device, dtype=dtype)
+    model, _ = load_model(path, device=device, dtype=device_dtype(cfg.dtype, device))
     tok = Tokenizer.from_pretrained(path)
     prompt_file = Path(cfg.prompts) if cfg.prompts else path / PROMPTS_FILE
     prompts = load_prompts(prompt_file, tok, cfg.limit)
