@@ -3,8 +3,8 @@ arm this build has, 3 runs, checked against the engine's own per-request results
 
 from __future__ import annotations
 
-import importlib.util
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from lumotree.platform.actors import ArmHost
 from lumotree.platform.replay import CorpusRequest, run_replay, summarize_replay
 from lumotree.platform.sweep_config import SERVING_ARMS, ArmSpec
 
-CHECKPOINTS = Path(__file__).resolve().parents[1] / "serving" / "checkpoints.py"
+SERVING_TESTS = Path(__file__).resolve().parents[1] / "serving"
 
 
 def available_arms() -> list[str]:
@@ -35,11 +35,11 @@ def available_arms() -> list[str]:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.spec_from_file_location("serving_checkpoints", CHECKPOINTS)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.write_checkpoint(tmp_path_factory.mktemp("ckpt"), mod.LAYOUTS["gdn3_attn1"], mtp=True)
+    # The arm tests' checkpoint: random trunk, mtp.* weights and an EAGLE head in eagle/, so every arm runs.
+    sys.path.insert(0, str(SERVING_TESTS))
+    from _arms_fixtures import write_arms_checkpoint
+
+    return write_arms_checkpoint(tmp_path_factory.mktemp("ckpt") / "model")
 
 
 def engine_llm(path: Path, arm: str):  # -> LLM
