@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lumotree.tasks.swebench.config import SwebenchConfig
 from packaging.version import InvalidVersion, Version
+
+from lumotree.tasks.swebench.config import SwebenchConfig
 
 
 @dataclass(frozen=True)

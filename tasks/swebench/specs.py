@@ -12,8 +12,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from lumotree.tasks.api import Instance
 from packaging.version import Version
+
+from lumotree.tasks.api import Instance
 
 START_MARK = ">>>>> Start Test Output"
 END_MARK = ">>>>> End Test Output"

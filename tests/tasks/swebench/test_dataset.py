@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from lumotree.tasks.api import InstanceError, get_suite
 from lumotree.tasks.swebench import specs
 from lumotree.tasks.swebench.config import SwebenchConfig

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from lumotree.tasks.swebench.predictions import Prediction, read_predictions, write_predictions
 from swebench.harness.utils import get_predictions_from_file
+
+from lumotree.tasks.swebench.predictions import Prediction, read_predictions, write_predictions
 
 PATCH = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a = 1\n+a = 2\n"
 
