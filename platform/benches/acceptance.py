@@ -355,6 +355,10 @@ def register(bench_app: typer.Typer) -> None:
         record_card: Annotated[
             bool, typer.Option("--record", help="Write the result into the model's metrics.json and card.")
         ] = False,
+        from_report: Annotated[
+            Path | None,
+            typer.Option(help="Use this saved JSON report (its own settings) instead of measuring again."),
+        ] = None,
     ) -> None:
         """Greedy acceptance of MTP, EAGLE and LumoTree on held-out prompts, and greedy equality with AR."""
         import torch
@@ -370,14 +374,18 @@ def register(bench_app: typer.Typer) -> None:
             model=model, arms=names, prompts=prompts, limit=limit, max_tokens=max_tokens, batch=batch,
             device=device, dtype=dtype, mtp_k=mtp_k, ignore_eos=ignore_eos, threads=threads,
         )  # fmt: skip
-        # Progress goes to stderr so that --json keeps stdout a clean JSON document.
-        with Progress(console=Console(stderr=True)) as bar:
+        if from_report is not None:
+            report = json.loads(from_report.read_text())
+            cfg = AcceptanceConfig(**report["config"])
+        else:
+            # Progress goes to stderr so that --json keeps stdout a clean JSON document.
+            with Progress(console=Console(stderr=True)) as bar:
 
-            def progress(name: str, total: int) -> Any:
-                task = bar.add_task(name, total=total)
-                return lambda n: bar.advance(task, n)
+                def progress(name: str, total: int) -> Any:
+                    task = bar.add_task(name, total=total)
+                    return lambda n: bar.advance(task, n)
 
-            report = run(cfg, progress)
+                report = run(cfg, progress)
         text = json.dumps(report, indent=2)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
