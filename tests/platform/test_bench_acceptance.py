@@ -120,3 +120,8 @@ def test_cli_writes_json_and_records_into_a_model_copy(tmp_path) -> None:
     digest = hashlib.sha256((model / "metrics.json").read_bytes()).hexdigest()
     assert f"`{digest}`" in card  # the card's hash table was rewritten with the new metrics.json
     assert (PATH / "metrics.json").read_bytes() == shipped
+    # A saved report records without measuring again, under its own settings: the same row comes back.
+    (model / "metrics.json").write_text(json.dumps({**json.loads(shipped), "acceptance": None}))
+    res = CliRunner().invoke(app, ["bench", "acceptance", "--from-report", str(out), "--record"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((model / "metrics.json").read_text())["acceptance"]["lumotree hydra27"] == row
