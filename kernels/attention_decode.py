@@ -4,6 +4,11 @@
   strided head views (the query half of q_proj's [query | gate] heads) without a copy.
 - ``gated_decode_attention``: one query row per sequence over its paged K/V (positions < seq_lens),
   grouped query heads, online softmax in fp32, times sigmoid(gate); one program per (sequence, KV head).
+- ``gated_tree_attention``: the same kernel over tree rows: row j of a tree over a prefix of ctx tokens
+  sits at logical position ctx + j and sees the prefix plus its ancestors-or-self (a per-row mask over the
+  tree's rows). Every input is a device tensor of fixed shape, so tree verification is CUDA-graph capturable;
+  a tree's root row runs exactly the decode program (same blocks, same order), so a root's attention is
+  bitwise what decode computes.
 """
 
 from __future__ import annotations
@@ -88,20 +93,27 @@ def norm_rope_triton(
 
 @triton.jit
 def _decode_attn_kernel(
-    Q, GATE, KC, VC, TABLES, LENS, OUT,
-    q_stride_r, q_stride_h, g_stride_r, g_stride_h, table_stride, scale,
+    Q, GATE, KC, VC, TABLES, LENS, OUT, ROW_SEQ, ROW_J, ANC,
+    q_stride_r, q_stride_h, g_stride_r, g_stride_h, table_stride, anc_stride, scale,
     HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-    GP: tl.constexpr, BN: tl.constexpr,
+    GP: tl.constexpr, BN: tl.constexpr, TREE: tl.constexpr,
 ):  # fmt: skip
-    s = tl.program_id(0).to(tl.int64)
+    r = tl.program_id(0).to(tl.int64)
     kh = tl.program_id(1)
     G: tl.constexpr = HQ // HKV
     gi = tl.arange(0, GP)
     d = tl.arange(0, D)
     gmask = gi < G
     qh = kh * G + gi
-    q = tl.load(Q + s * q_stride_r + qh[:, None] * q_stride_h + d[None, :], mask=gmask[:, None], other=0.0)
-    n_ctx = tl.load(LENS + s)
+    q = tl.load(Q + r * q_stride_r + qh[:, None] * q_stride_h + d[None, :], mask=gmask[:, None], other=0.0)
+    if TREE:  # LENS = the sequence's committed length; this row sits at ctx + j
+        s = tl.load(ROW_SEQ + r).to(tl.int64)
+        ctx = tl.load(LENS + s)
+        n_ctx = ctx + tl.load(ROW_J + r) + 1
+    else:  # LENS = tokens visible to the row, its own included
+        s = r
+        ctx = tl.load(LENS + s)
+        n_ctx = ctx
     m = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)
@@ -109,6 +121,10 @@ def _decode_attn_kernel(
     for start in range(0, n_ctx, BN):
         pos = start + offs
         pmask = pos < n_ctx
+        if TREE:  # tree rows see only their ancestors-or-self beyond the prefix
+            tj = pos - ctx
+            anc = tl.load(ANC + r * anc_stride + tj, mask=pmask & (tj >= 0), other=1)
+            pmask = pmask & (anc != 0)
         blk = tl.load(TABLES + s * table_stride + pos // BS, mask=pmask, other=0)
         slot = blk.to(tl.int64) * BS + pos % BS
         base = (slot * HKV + kh) * D
@@ -125,25 +141,45 @@ def _decode_attn_kernel(
     out = acc / l_sum[:, None]
     out = out.to(OUT.dtype.element_ty).to(tl.float32)
     gt = tl.load(
-        GATE + s * g_stride_r + qh[:, None] * g_stride_h + d[None, :], mask=gmask[:, None], other=0.0
+        GATE + r * g_stride_r + qh[:, None] * g_stride_h + d[None, :], mask=gmask[:, None], other=0.0
     )
     res = out * tl.sigmoid(gt.to(tl.float32))
-    tl.store(OUT + (s * HQ + qh[:, None]) * D + d[None, :], res.to(OUT.dtype.element_ty), mask=gmask[:, None])
+    tl.store(OUT + (r * HQ + qh[:, None]) * D + d[None, :], res.to(OUT.dtype.element_ty), mask=gmask[:, None])
+
+
+def _launch(
+    q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, lens: torch.Tensor, scale: float, tree: tuple[torch.Tensor, ...] | None,
+) -> torch.Tensor:  # fmt: skip
+    R, Hq, D = q.shape
+    Hkv, bs = k_cache.shape[2], k_cache.shape[1]
+    assert q.stride(2) == 1 and gate.stride(2) == 1 and D == triton.next_power_of_2(D)
+    out = torch.empty(R, Hq, D, dtype=q.dtype, device=q.device)
+    tables = block_tables.contiguous()
+    row_seq, row_j, anc = tree if tree is not None else (lens, lens, lens)  # unread without TREE
+    gp = max(16, triton.next_power_of_2(Hq // Hkv))
+    _decode_attn_kernel[(R, Hkv)](
+        q, gate, k_cache, v_cache, tables, lens, out, row_seq, row_j, anc,
+        q.stride(0), q.stride(1), gate.stride(0), gate.stride(1), tables.stride(0), anc.stride(0), scale,
+        HQ=Hq, HKV=Hkv, D=D, BS=bs, GP=gp, BN=16, TREE=tree is not None, num_warps=4,
+    )  # fmt: skip
+    return out.view(R, Hq * D)
 
 
 def gated_decode_attention_triton(
     q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
 ) -> torch.Tensor:  # fmt: skip
-    S, Hq, D = q.shape
-    Hkv, bs = k_cache.shape[2], k_cache.shape[1]
-    assert q.stride(2) == 1 and gate.stride(2) == 1 and D == triton.next_power_of_2(D)
-    out = torch.empty(S, Hq, D, dtype=q.dtype, device=q.device)
-    tables = block_tables.contiguous()
-    gp = max(16, triton.next_power_of_2(Hq // Hkv))
-    _decode_attn_kernel[(S, Hkv)](
-        q, gate, k_cache, v_cache, tables, seq_lens, out,
-        q.stride(0), q.stride(1), gate.stride(0), gate.stride(1), tables.stride(0), scale,
-        HQ=Hq, HKV=Hkv, D=D, BS=bs, GP=gp, BN=16, num_warps=4,
-    )  # fmt: skip
-    return out.view(S, Hq * D)
+    return _launch(q, gate, k_cache, v_cache, block_tables, seq_lens, scale, None)
+
+
+def gated_tree_attention_triton(
+    q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, row_seq: torch.Tensor, row_j: torch.Tensor,
+    anc: torch.Tensor, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """q, gate [R, Hq, D] of packed tree rows -> [R, Hq * D]. ``row_seq`` [R] sequence of each row (its
+    block table and ``context_lens`` entry), ``row_j`` [R] the row's index in its tree (its K/V sits at
+    logical position context_len + j), ``anc`` [R, T] int8: 1 where tree row t is an ancestor-or-self."""
+    assert anc.dtype == torch.int8 and anc.stride(1) == 1
+    return _launch(q, gate, k_cache, v_cache, block_tables, context_lens, scale, (row_seq, row_j, anc))

@@ -173,6 +173,23 @@ def gated_decode_attention(
     return fn(q, gate, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def gated_tree_attention(
+    q: torch.Tensor, gate: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, context_lens: torch.Tensor, row_seq: torch.Tensor, row_j: torch.Tensor,
+    anc: torch.Tensor, scale: float,
+) -> torch.Tensor | None:  # fmt: skip
+    """Tree rows over their prefix and ancestors, times sigmoid(gate): [R, Hq * D] from the fused kernel;
+    None where the fused kernels are off (the caller then runs ``attention.paged_attention_ref`` on host
+    bounds, which cannot be graph-captured)."""
+    from . import attention_decode as ad
+
+    if not use_fused(q):
+        return None
+    return ad.gated_tree_attention_triton(
+        q, gate, k_cache, v_cache, block_tables, context_lens, row_seq, row_j, anc, scale
+    )
+
+
 def gdn_prep_decode(
     qkv: torch.Tensor, conv_state: torch.Tensor, rows: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor,
     b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,

@@ -32,12 +32,16 @@ from .tree_plan import PathPlan, plan_paths
 class TreeScanConfig:
     """Launch knobs of the scan (the benchmark sweeps them)."""
 
-    block_v: int = 16
-    """Value-tile width BV: smaller tiles give more programs (HV * V / BV per path) to fill the SMs."""
+    block_v: int = 8
+    """Value-tile width BV. 8 with one warp is fla's fused-recurrent tile: the same register layout gives
+    the same reduction order, so tree outputs round exactly as native decoding's (the audit's paired rule
+    against a float64 recurrence); other tiles are faster or slower but round differently."""
     num_warps: int = 1
     """Warps per program; the [K, BV] tile is split over them."""
     num_stages: int = 3
     """Software pipelining depth of the node loop (operand prefetch)."""
+    plan_mode: str = "levels"
+    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``)."""
 
 
 DEFAULT_CONFIG = TreeScanConfig()
@@ -136,6 +140,7 @@ def _tree_scan_kernel(
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
+_retired: list[torch.Tensor] = []
 
 
 def _identity_rows(device: torch.device, n: int) -> torch.Tensor:
@@ -153,6 +158,8 @@ def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
     key = (str(device), 0)
     buf = _workspace.get(key)
     if buf is None or buf.numel() < numel:
+        if buf is not None:  # a captured graph may still point at it: never free it
+            _retired.append(buf)
         buf = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
         _workspace[key] = buf
     return buf
@@ -201,7 +208,7 @@ def tree_gdn(
     if plan is None:
         if parents is None:
             raise ValueError("need parents or a plan")
-        plan = plan_paths(parents, cu_seqlens)
+        plan = plan_paths(parents, cu_seqlens, mode=config.plan_mode)
     B, R, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert B == 1 and R == plan.num_rows, f"q {tuple(q.shape)} vs plan of {plan.num_rows} rows"

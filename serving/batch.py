@@ -85,9 +85,11 @@ class ForwardBatch:
         block_size: int,
         parents: Sequence[Sequence[int]] | None = None,
         device: torch.device | str = "cpu",
+        table_width: int | None = None,
     ) -> ForwardBatch:
         """Pack per-sequence token lists. Row j of a sequence is stored at the slot of logical position
-        context_len + j (for trees too: the spine-contiguous layout that makes committing a spine free)."""
+        context_len + j (for trees too: the spine-contiguous layout that makes committing a spine free).
+        ``table_width`` pads the block tables to a fixed width."""
         S = len(tokens)
         assert len(context_lens) == S and len(state_rows) == S and len(block_tables) == S
         if mode == "tree":
@@ -113,6 +115,9 @@ class ForwardBatch:
             ids.extend(tokens[s])
             cu.append(cu[-1] + n)
         width = max(1, max((len(b) for b in block_tables), default=1))
+        if table_width is not None:  # fixed-shape tables (CUDA graphs)
+            assert width <= table_width, f"{width} blocks do not fit a table of {table_width}"
+            width = table_width
         table = [list(b) + [0] * (width - len(b)) for b in block_tables]
         par_flat = [p for ps in parents for p in ps] if mode == "tree" and parents is not None else None
 

@@ -236,8 +236,10 @@ class StateCaches:
         tokens: Sequence[Sequence[int]],
         context_lens: Sequence[int],
         parents: Sequence[Sequence[int]] | None = None,
+        table_width: int | None = None,
     ) -> ForwardBatch:
-        """A ``ForwardBatch`` for these sequences, growing their KV room to hold the new rows."""
+        """A ``ForwardBatch`` for these sequences, growing their KV room to hold the new rows (block tables
+        padded to ``table_width`` when given)."""
         for sid, toks, ctx in zip(seq_ids, tokens, context_lens, strict=True):
             self.extend(sid, ctx + len(toks))
         return ForwardBatch.build(
@@ -249,4 +251,5 @@ class StateCaches:
             self.block_size,
             parents,
             self.device,
+            table_width,
         )

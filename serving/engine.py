@@ -137,7 +137,7 @@ class Engine:
                          config.graph_batch_sizes),
         )  # fmt: skip
         self.sampler = Sampler(mc.vocab_size, self.device)
-        self.verifier = Verifier(model, self.caches, self.sampler)
+        self.verifier = Verifier(model, self.caches, self.sampler, self.runner)
         self.history = PresenceHistory(config.max_seqs + 1, mc.vocab_size, self.device)
         self.counters = EngineCounters()
         self.timer = SpanTimer(self.device)

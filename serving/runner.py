@@ -1,10 +1,17 @@
 """Model runner: builds prefill and decode ``ForwardBatch``es, runs the target, replays decode steps through
-CUDA graphs. Tree verification goes through ``verifier.Verifier`` (the one verify/select/commit path).
+CUDA graphs. Tree verification goes through ``verifier.Verifier`` (the one verify/select/commit path), which
+runs its tree forward and its commit here so that they replay as CUDA graphs too.
 
 Decode batches go through static buffers padded to a captured batch size; padded rows point at a private
 padding sequence (its own pool row and KV block), so they never touch a real request's state. On CUDA each
 size is captured once as a graph; elsewhere (``static_decode``) the same padded path runs eagerly, which lets
 CPU tests exercise the padding logic that graphs rely on.
+
+Tree verification: one graph per tree topology (the per-sequence parent lists of the batch: hydra27 and
+the chains repeat every step), over static buffers sized to that topology. Capture runs on the step's real
+batch - a tree forward only writes the tree rows' scratch K/V - and the commit graph of the same topology is
+captured against the padding sequence (its replay would otherwise publish twice). Topologies beyond
+``max_tree_graphs`` run eagerly.
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import torch
 
 from lumotree.serving.batch import ForwardBatch
 from lumotree.serving.cache import StateCaches
+from lumotree.kernels import dispatch
+from lumotree.serving.graphs import StaticGraphs, capture
 from lumotree.serving.model import HybridModel
+from lumotree.serving.model.record import TreeRecord
 from lumotree.serving.request import Request
 from lumotree.serving.scheduler import PrefillChunk
 
@@ -40,6 +50,8 @@ class RunnerConfig:
     """Use the padded static-buffer decode path even without graphs (tests, debugging)."""
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """Decode batch sizes to capture (clipped to max_seqs; max_seqs is always included)."""
+    max_tree_graphs: int = 16
+    """Tree topologies captured for verification and commit; further ones run eagerly."""
 
 
 @dataclass
@@ -47,6 +59,21 @@ class _Graph:
     graph: torch.cuda.CUDAGraph | None
     logits: torch.Tensor
     hidden: torch.Tensor
+
+
+@dataclass
+class _TreeGraph:
+    """Static buffers and graphs of one tree topology."""
+
+    batch: ForwardBatch
+    graph: torch.cuda.CUDAGraph | None = None
+    hidden: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    record: TreeRecord | None = None
+    accepted: torch.Tensor | None = None
+    """[S, depth + 1] static input of the commit graph."""
+    commit_graph: torch.cuda.CUDAGraph | None = None
+    lens: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -62,6 +89,18 @@ class ModelRunner:
         sizes = sorted({s for s in config.graph_batch_sizes if s < config.max_seqs} | {config.max_seqs})
         self.sizes = sizes
         self.graphs: dict[int, _Graph] = {}
+        self.tree_graphs: dict[tuple[tuple[int, ...], ...], _TreeGraph] = {}
+        probe = torch.zeros(1, device=self.device)
+        # Tree graphs need the fused tree-attention kernel: the reference reads host context lengths.
+        self.tree_capture = use_graphs and dispatch.use_fused(probe)
+        self._pool: tuple[int, int] | None = None
+        self._last_tree: _TreeGraph | None = None
+        self.fn_graphs = (
+            StaticGraphs(self.tree_capture, lambda: self._pool, config.max_tree_graphs)
+            if self.static
+            else None
+        )
+        """Per-key graphs of other fixed-shape device work (the drafters' passes); None = eager."""
         if self.static:
             self._alloc_static(sizes[-1])
         if use_graphs:
@@ -169,18 +208,119 @@ class ModelRunner:
         pool = None
         for size in reversed(sizes):
             self._fill([], size)
-            batch = self._static_batch(size)
-            # Warm up on a side stream (allocator and lazy kernel init), then capture.
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    self.model.compute_logits(self.model(batch, self.caches))
-            torch.cuda.current_stream().wait_stream(s)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                hidden = self.model(batch, self.caches)
-                logits = self.model.compute_logits(hidden)
+            graph, (hidden, logits) = capture(lambda b=self._static_batch(size): self._logits(b), pool)
             pool = graph.pool()
             self.graphs[size] = _Graph(graph, logits, hidden)
+        self._pool = pool
         torch.cuda.synchronize()
+
+    # ---------------------------------------------------------------- tree verification
+    def tree_forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, TreeRecord]:
+        """Tree-mode forward: (hidden [R, H], logits [R, V], replay record), through the topology's graph
+        when one is (or can be) captured."""
+        assert batch.mode == "tree" and batch.parents_host is not None
+        self._last_tree = None
+        key = tuple(tuple(p) for p in batch.parents_host)
+        tg = self.tree_graphs.get(key)
+        if tg is None and self.static and len(self.tree_graphs) < self.config.max_tree_graphs:
+            tg = self.tree_graphs[key] = self._new_tree(batch)
+            if self.tree_capture:
+                try:
+                    self._capture_tree(tg, batch)
+                except Exception as e:  # serve this topology eagerly from now on
+                    log.warning("tree graph capture failed, verifying eagerly: %s: %s", type(e).__name__, e)
+                    tg.graph = tg.commit_graph = None
+                    torch.cuda.synchronize()
+        if tg is None:
+            hidden = self.model(batch, self.caches)
+            assert self.model.tree_record is not None
+            return hidden, self.model.compute_logits(hidden), self.model.tree_record
+        self._fill_tree(tg, batch)
+        if tg.graph is not None:
+            tg.graph.replay()
+        else:
+            tg.hidden = self.model(tg.batch, self.caches)
+            tg.logits = self.model.compute_logits(tg.hidden)
+            tg.record = self.model.tree_record
+        assert tg.hidden is not None and tg.logits is not None and tg.record is not None
+        self._last_tree = tg
+        return tg.hidden, tg.logits, tg.record
+
+    def commit(self, record: TreeRecord, accepted: torch.Tensor) -> torch.Tensor:
+        """Publish the accepted rows [S, D] of the latest tree forward (see ``model.commit``)."""
+        tg = self._last_tree
+        if (
+            tg is None or record is not tg.record or tg.commit_graph is None or tg.accepted is None
+            or accepted.shape[1] > tg.accepted.shape[1]
+        ):  # fmt: skip
+            return self.model.commit(record, accepted, self.caches)
+        if accepted.shape[1] < tg.accepted.shape[1]:  # a shorter path bucket: pad with -1 steps
+            tg.accepted.fill_(-1)
+        tg.accepted[:, : accepted.shape[1]].copy_(accepted)
+        tg.commit_graph.replay()
+        assert tg.lens is not None
+        return tg.lens
+
+    def _new_tree(self, batch: ForwardBatch) -> _TreeGraph:
+        dev, long = self.device, torch.long
+        R, S = batch.num_rows, batch.num_seqs
+        static = ForwardBatch(
+            mode="tree",
+            input_ids=torch.zeros(R, dtype=long, device=dev),
+            positions=torch.zeros(R, dtype=long, device=dev),
+            cu_seqlens=batch.cu_seqlens.clone(),
+            state_rows=torch.zeros(S, dtype=long, device=dev),
+            context_lens=torch.zeros(S, dtype=long, device=dev),
+            slot_mapping=torch.zeros(R, dtype=long, device=dev),
+            block_tables=torch.zeros(S, self.config.max_blocks_per_seq, dtype=long, device=dev),
+            parents=batch.parents.clone() if batch.parents is not None else None,
+            seq_lens_host=list(batch.seq_lens_host or []),
+            context_lens_host=list(batch.context_lens_host or []),
+            parents_host=[list(p) for p in batch.parents_host or []],
+        )
+        return _TreeGraph(static)
+
+    def _fill_tree(self, tg: _TreeGraph, batch: ForwardBatch) -> None:
+        sb = tg.batch
+        for name in ("input_ids", "positions", "state_rows", "context_lens", "slot_mapping"):
+            getattr(sb, name).copy_(getattr(batch, name), non_blocking=True)
+        w = batch.block_tables.shape[1]
+        assert w <= sb.block_tables.shape[1], "sequence longer than the static block tables"
+        sb.block_tables[:, :w].copy_(batch.block_tables, non_blocking=True)
+        sb.context_lens_host = list(batch.context_lens_host or [])
+
+    def _fill_pad(self, tg: _TreeGraph) -> None:
+        """Point the static batch at the padding sequence (commit capture must not publish real state)."""
+        sb, bs = tg.batch, self.caches.block_size
+        base = self.pad.blocks[0] * bs
+        sb.state_rows.fill_(self.pad.state_row)
+        sb.context_lens.zero_()
+        sb.block_tables.fill_(self.pad.blocks[0])
+        sb.slot_mapping.copy_(base + torch.arange(sb.num_rows, device=self.device) % bs)
+
+    def _logits(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.model(batch, self.caches)
+        return hidden, self.model.compute_logits(hidden)
+
+    def _capture_tree(self, tg: _TreeGraph, batch: ForwardBatch) -> None:
+        # A tree forward writes only its rows' scratch K/V, so warming up on the real batch is harmless.
+        self._fill_tree(tg, batch)
+        sb = tg.batch
+        graph, (hidden, logits) = capture(lambda: self._logits(sb), self._pool)
+        record = self.model.tree_record
+        assert record is not None
+        tg.graph, tg.hidden, tg.logits, tg.record = graph, hidden, logits, record
+        depth = max(max(_depths(p)) for p in sb.parents_host or [])
+        tg.accepted = torch.full((sb.num_seqs, depth + 1), -1, dtype=torch.long, device=self.device)
+        tg.accepted[:, 0] = 0
+        self._fill_pad(tg)
+        acc = tg.accepted
+        tg.commit_graph, tg.lens = capture(lambda: self.model.commit(record, acc, self.caches), self._pool)
+        torch.cuda.synchronize()
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    return depth

@@ -72,16 +72,23 @@ def tree_forward_batch(
 class Verifier:
     """Verify, select and commit draft trees for a batch of requests on one model."""
 
-    def __init__(self, model: Any, caches: StateCaches, sampler: Sampler | None = None) -> None:
+    def __init__(
+        self, model: Any, caches: StateCaches, sampler: Sampler | None = None, runner: Any | None = None
+    ) -> None:
         self.model = model
         self.caches = caches
         self.sampler = sampler or Sampler(model.config.vocab_size, caches.device)
+        self.runner = runner
+        """The engine's ``ModelRunner``: tree forward and commit replay as CUDA graphs through it."""
 
     def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
         batch = tree_forward_batch(self.caches, seq_ids, descriptors)
-        hidden = self.model(batch, self.caches)
-        logits = self.model.compute_logits(hidden)
-        return VerifyOutput(list(descriptors), batch, logits, hidden, self.model.tree_record)
+        if self.runner is not None:
+            hidden, logits, record = self.runner.tree_forward(batch)
+        else:
+            hidden = self.model(batch, self.caches)
+            logits, record = self.model.compute_logits(hidden), self.model.tree_record
+        return VerifyOutput(list(descriptors), batch, logits, hidden, record)
 
     def select(
         self,
@@ -96,6 +103,8 @@ class Verifier:
 
     def commit(self, out: VerifyOutput, walk: WalkResult) -> torch.Tensor:
         """Publish each request's accepted path (device tensor, root first); returns accepted lengths [S]."""
+        if self.runner is not None:
+            return self.runner.commit(out.record, walk.accepted)  # type: ignore[no-any-return]
         return self.model.commit(out.record, walk.accepted, self.caches)
 
     def step(

@@ -106,13 +106,18 @@ def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, promp
     eng.timer.collect(eng.counters)
     n = eng.counters.decode_steps - n0
     spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
+    fn = eng.runner.fn_graphs
     res = {"step": _ms(ms), "spans_mean_ms": spans, "verify_rows": eng.arm.max_tree_rows(),
-           "cuda_graph_decode": bool(eng.runner.graphs)}  # fmt: skip
+           "cuda_graph_decode": bool(eng.runner.graphs),
+           "cuda_graph_verify": sum(t.graph is not None for t in eng.runner.tree_graphs.values()),
+           "cuda_graph_commit": sum(t.commit_graph is not None for t in eng.runner.tree_graphs.values()),
+           "cuda_graph_draft": sum(e is not None and e.graph is not None for e in fn.entries.values())
+           if fn is not None else 0}  # fmt: skip
     eng.abort(req.req_id)
     return res
 
 
-def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
+def time_trees(model: Any, prompt_len: int, iters: int, warmup: int, graphs: bool = True) -> dict:
     """Forced full trees through the engine's verifier: forward, walk, commit (root only / deepest path)."""
     import torch
 
@@ -122,7 +127,7 @@ def time_trees(model: Any, prompt_len: int, iters: int, warmup: int) -> dict:
     device = model.embed_tokens.weight.device
     sync = _Sync(device)
     vocab = model.config.vocab_size
-    cfg = EngineConfig(device=str(device), max_seqs=1, max_model_len=prompt_len + 160, cuda_graphs=False)
+    cfg = EngineConfig(device=str(device), max_seqs=1, max_model_len=prompt_len + 160, cuda_graphs=graphs)
     eng = Engine(model, None, cfg, model_name="random")
     prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
     req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True))
@@ -214,7 +219,7 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
                         "eagle_over_ar": med.get("eagle", nan) / ar,
                         "mtp5_over_ar": med.get("mtp5", nan) / ar,
                         "goals": {"lumotree_over_ar": 1.35, "lumotree_over_mtp5": 1.05}}  # fmt: skip
-    report["trees"] = time_trees(model, prompt_len, iters, warmup)
+    report["trees"] = time_trees(model, prompt_len, iters, warmup, graphs)
     report["trees_over_ar_step"] = {
         k: v["step_ms_root_only"] / ar for k, v in report["trees"].items() if "error" not in v
     }

@@ -20,7 +20,7 @@ from lumotree.serving.tree import TreeDescriptor
 
 
 class ChainedArm:
-    """Base of the speculative arms: subclasses build ``self.drafter`` in ``start`` and shape the trees."""
+    """Base of the speculative arms: subclasses build the drafter (``make_drafter``) and shape the trees."""
 
     name = "chained"
     drafter: FeatureDrafter
@@ -33,6 +33,13 @@ class ChainedArm:
 
     def start(self, engine: Any) -> None:
         self.device = engine.device
+        self.drafter = self.make_drafter(engine)
+        # Drafting replays as CUDA graphs through the runner's per-shape graphs where the engine uses them.
+        self.drafter.graphs = engine.runner.fn_graphs
+        self.drafter.table_width = engine.runner.config.max_blocks_per_seq
+
+    def make_drafter(self, engine: Any) -> FeatureDrafter:
+        raise NotImplementedError
 
     def on_prefill(self, feedback: PrefillFeedback) -> None:
         for i, r in enumerate(feedback.requests):

@@ -12,6 +12,7 @@ from typing import Any
 
 from lumotree.serving.arms.chained import ChainedArm
 from lumotree.serving.drafters.eagle import EAGLE_DIR, EagleLayer, eagle_drafter
+from lumotree.serving.drafters.feature import FeatureDrafter
 
 
 class EagleArm(ChainedArm):
@@ -29,14 +30,13 @@ class EagleArm(ChainedArm):
         self.eagle_path = eagle_path
         self.eagle_head = eagle_head
 
-    def start(self, engine: Any) -> None:
-        super().start(engine)
+    def make_drafter(self, engine: Any) -> FeatureDrafter:
         path: Any = self.eagle_head if self.eagle_head is not None else self.eagle_path
         if path is None:
             from lumotree.serving.builtin import resolve_model
 
             path = resolve_model(engine.config.model) / EAGLE_DIR
         cc = engine.caches.cache_config
-        self.drafter = eagle_drafter(
+        return eagle_drafter(  # type: ignore[no-any-return]
             engine.model, path, cc.max_seqs, cc.num_blocks, cc.block_size, steps=self.depth
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
 from lumotree.serving.arms.chained import ChainedArm
-from lumotree.serving.drafters.feature import ChainConfig
+from lumotree.serving.drafters.feature import ChainConfig, FeatureDrafter
 from lumotree.serving.drafters.mtp import mtp_drafter
 from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter
 from lumotree.serving.request import Request
@@ -42,9 +42,8 @@ class LumoTreeArm(ChainedArm):
     def max_tree_rows(self) -> int:
         return hydra27().num_rows if self.tree == "hydra27" else self.adaptive.budget
 
-    def start(self, engine: Any) -> None:
-        super().start(engine)
-        self.drafter = mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, self.topk))
+    def make_drafter(self, engine: Any) -> FeatureDrafter:
+        return mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, self.topk))
 
     def on_prefill(self, feedback: PrefillFeedback) -> None:
         super().on_prefill(feedback)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from lumotree.serving.arms.chained import ChainedArm
-from lumotree.serving.drafters.feature import ChainConfig
+from lumotree.serving.drafters.feature import ChainConfig, FeatureDrafter
 from lumotree.serving.drafters.mtp import mtp_drafter
 
 
@@ -17,6 +17,5 @@ class MTPArm(ChainedArm):
             raise ValueError(f"mtp_k must be in 1..16, got {mtp_k}")
         super().__init__(int(mtp_k))
 
-    def start(self, engine: Any) -> None:
-        super().start(engine)
-        self.drafter = mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, 1))
+    def make_drafter(self, engine: Any) -> FeatureDrafter:
+        return mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, 1))

@@ -17,6 +17,11 @@ Per step and request:
 
 All requests of a step go through each pass together; tokens and features stay on the device (the only host
 values are row counts and positions), so the chain has no host sync.
+
+With ``graphs`` set (the runner's ``StaticGraphs``), a step whose pending rows fit ``W`` rows per request
+runs extend + chain as one CUDA graph per (requests, W): the extend pass becomes a fixed-width chain (a
+fanout-1 tree: causal over the prefix and its own rows) whose padding rows write scratch K/V past the
+committed prefix, which the chain passes overwrite before anything reads it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import torch
 
 from ..batch import ForwardBatch
 from ..cache import StateCaches
+from ..graphs import StaticGraphs
 
 Layer = Callable[[torch.Tensor, torch.Tensor, ForwardBatch, StateCaches], torch.Tensor]
 """(embeds [R, H], features [R, H], batch, caches) -> output features [R, H] (writes the layer's KV)."""
@@ -81,6 +87,10 @@ class FeatureDrafter:
         self.layer, self.embed, self.logits = layer, embed, logits
         self.caches, self.config, self.own_caches = caches, config, own_caches
         self._pending: dict[str, _Pending] = {}
+        self.graphs: StaticGraphs | None = None
+        """Fixed-shape drafting through these graphs (set by the arm from the engine's runner)."""
+        self.table_width = 0
+        """Block-table width of the fixed-shape batches."""
 
     def feed(self, seq_id: str, start: int, next_tokens: Sequence[int], features: torch.Tensor) -> None:
         """Queue rows start .. start + n - 1 (n = len(next_tokens) = features.shape[0])."""
@@ -103,6 +113,10 @@ class FeatureDrafter:
         for p, ctx in zip(pend, context_lens, strict=True):
             assert p.start + len(p.tokens) == ctx, "the drafter must have seen every committed row"
         ids = list(seq_ids)
+        n = max(len(p.tokens) for p in pend)
+        width = self.config.depth + 1 if n <= self.config.depth + 1 else 1 << (n - 1).bit_length()
+        if self.graphs is not None and width <= 32:
+            return self._draft_static(ids, pend, list(context_lens), width)
         batch = self.caches.make_batch("prefill", ids, [p.tokens for p in pend], [p.start for p in pend])
         feats = torch.cat([f for p in pend for f in p.features])
         h = self.layer(self.embed(batch.input_ids), feats, batch, self.caches)
@@ -119,6 +133,51 @@ class FeatureDrafter:
             h = self.layer(self.embed(batch.input_ids), h, batch, self.caches)
             top = self._top(h)
         return Drafts(torch.stack(toks, 1), torch.stack(probs, 1))
+
+    def _draft_static(self, ids: list[str], pend: list[_Pending], ctxs: list[int], width: int) -> Drafts:
+        """Extend (padded to ``width`` rows per request) + chain over fixed shapes, through ``self.graphs``."""
+        assert self.graphs is not None
+        S, depth = len(ids), self.config.depth
+        chain = [-1, *range(width - 1)]
+        ext = self.caches.make_batch(
+            "tree", ids, [p.tokens + [0] * (width - len(p.tokens)) for p in pend], [p.start for p in pend],
+            [chain] * S, table_width=self.table_width,
+        )  # fmt: skip
+        h = pend[0].features[0].shape[1]
+        feats = ext.input_ids.new_zeros((S, width, h), dtype=pend[0].features[0].dtype)
+        for s, p in enumerate(pend):
+            f = torch.cat(p.features) if len(p.features) > 1 else p.features[0]
+            feats[s, : f.shape[0]] = f
+        bs = self.caches.block_size
+        host: list[list[int]] = [[s * width + len(p.tokens) - 1 for s, p in enumerate(pend)]]
+        for j in range(1, depth):  # chain pass j: one row per request at position ctx + j - 1
+            pos = [c + j - 1 for c in ctxs]
+            blocks = [self.caches.seqs[sid].blocks for sid in ids]
+            host += [pos, [b[x // bs] * bs + x % bs for b, x in zip(blocks, pos, strict=True)]]
+        small = torch.tensor(host, dtype=torch.long).to(ext.input_ids.device, non_blocking=True)
+        inputs = [ext.input_ids, ext.positions, ext.slot_mapping, ext.state_rows, ext.context_lens,
+                  ext.block_tables, feats.view(S * width, h), small]  # fmt: skip
+
+        def run(x: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            ids_, pos_, slots_, rows_, ctx_, tables_, feats_, small_ = x
+            b = ForwardBatch("tree", ids_, pos_, ext.cu_seqlens, rows_, ctx_, slots_, tables_, ext.parents,
+                             ext.seq_lens_host, ext.context_lens_host, ext.parents_host)  # fmt: skip
+            out = self.layer(self.embed(ids_), feats_, b, self.caches)[small_[0]]
+            top = self._top(out)
+            toks, probs = [top[0]], [top[1]]
+            cu = torch.arange(S + 1, device=ids_.device)
+            for j in range(1, depth):
+                tok = top[0][:, 0].contiguous()
+                pos, slot = small_[2 * j - 1], small_[2 * j]
+                b = ForwardBatch("decode", tok, pos, cu, rows_, pos, slot, tables_)
+                out = self.layer(self.embed(tok), out, b, self.caches)
+                top = self._top(out)
+                toks.append(top[0])
+                probs.append(top[1])
+            return torch.stack(toks, 1), torch.stack(probs, 1)
+
+        tokens, probs = self.graphs(("draft", S, width, self.table_width), run, inputs)
+        return Drafts(tokens, probs)
 
     def _top(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = torch.softmax(self.logits(h).float(), -1)

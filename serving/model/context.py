@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -30,16 +31,46 @@ class ForwardContext:
     """Per sequence [n, n] bool: which new rows each new row attends to (prefill and tree)."""
     decode_seq_lens: torch.Tensor | None
     """[S] context_lens + 1 (decode)."""
+    tree: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """Tree mode: (row_seq [R] int32, row_j [R] int32, ancestors-or-self [R, T] int8) for the tree
+    attention kernel (see ``kernels.attention_decode``)."""
 
 
-def _ancestor_mask(parents: list[int], device: torch.device) -> torch.Tensor:
+def _ancestor_mask(parents: list[int] | tuple[int, ...]) -> torch.Tensor:
     n = len(parents)
     m = torch.zeros(n, n, dtype=torch.bool)
     for i, p in enumerate(parents):
         m[i, i] = True
         if p >= 0:
             m[i] |= m[p]
-    return m.to(device)
+    return m
+
+
+@lru_cache(maxsize=256)
+def _tree_tables(
+    parents: tuple[tuple[int, ...], ...], hist: int, device: str
+) -> tuple[torch.Tensor, list[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Everything a tree forward derives from its topology alone, built once per topology: conv windows,
+    per-sequence visibility, and the tree-attention row tables. Cached, so a repeated tree shape (hydra27,
+    chains) costs no host work or copies, and a CUDA graph can hold on to the same tensors."""
+    dev = torch.device(device)
+    rows: list[list[int]] = []
+    start = 0
+    width = max(len(p) for p in parents)
+    anc = torch.zeros(sum(len(p) for p in parents), width, dtype=torch.int8)
+    row_seq, row_j, vis = [], [], []
+    for s, par in enumerate(parents):
+        rows.extend(tree_window_index(list(par), hist, s, len(parents), start))
+        m = _ancestor_mask(par)
+        anc[start : start + len(par), : len(par)] = m.to(torch.int8)
+        vis.append(m.to(dev))
+        row_seq.extend([s] * len(par))
+        row_j.extend(range(len(par)))
+        start += len(par)
+    win = torch.tensor(rows, dtype=torch.long).view(-1, hist + 1).to(dev)
+    i32 = torch.int32
+    tree = (torch.tensor(row_seq, dtype=i32).to(dev), torch.tensor(row_j, dtype=i32).to(dev), anc.to(dev))
+    return win, vis, tree
 
 
 def build_context(
@@ -65,9 +96,6 @@ def build_context(
         vis = [torch.ones(n, n, dtype=torch.bool, device=device).tril() for n in lens]
         return ForwardContext(batch, cos, sin, win, last, bounds, vis, None)
     assert batch.parents_host is not None
-    rows: list[list[int]] = []
-    for s, par in enumerate(batch.parents_host):
-        rows.extend(tree_window_index(par, hist, s, batch.num_seqs, bounds[s][0]))
-    win = torch.tensor(rows, dtype=torch.long, device=device).view(-1, hist + 1)
-    vis = [_ancestor_mask(par, device) for par in batch.parents_host]
-    return ForwardContext(batch, cos, sin, win, None, bounds, vis, None)
+    key = tuple(tuple(p) for p in batch.parents_host)
+    win, vis, tree = _tree_tables(key, hist, str(device))
+    return ForwardContext(batch, cos, sin, win, None, bounds, vis, None, tree)

@@ -53,11 +53,12 @@ def model(ckpt: Path):
     return load_model(ckpt, "cpu", torch.float32)[0]
 
 
-def run(model, ckpt: Path, arm: str, batch: int, n: int, prompts=PROMPTS) -> Engine:
+def run(model, ckpt: Path, arm: str, batch: int, n: int, prompts=PROMPTS, **config) -> Engine:
     name, opts = ARMS.get(arm, ("ar", {}))
     if name == "eagle":
         opts = {**opts, "eagle_path": str(ckpt / "eagle")}
-    eng = Engine(model, None, EngineConfig(arm=name, arm_options=opts, max_seqs=batch, max_model_len=n + 64))
+    cfg = EngineConfig(arm=name, arm_options=opts, max_seqs=batch, max_model_len=n + 64, **config)
+    eng = Engine(model, None, cfg)
     eng.results = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
     eng.check_no_leaks()
     return eng
@@ -90,6 +91,16 @@ def _check(eng: Engine, want: list[list[int]], arm: str) -> None:
 def test_greedy_equals_ar_short_batch4(model, ckpt, arm: str) -> None:
     want = [r.output_ids for r in run(model, ckpt, "ar", 4, 64).results]
     _check(run(model, ckpt, arm, 4, 64), want, arm)
+
+
+@pytest.mark.parametrize("arm", ["mtp3", "lumotree", "adaptive"])
+def test_static_tree_buffers_equal_ar(model, ckpt, arm: str) -> None:
+    """The graph-shaped verify path (static per-topology buffers, run eagerly on the CPU) is the eager one."""
+    want = [r.output_ids for r in run(model, ckpt, "ar", 4, 48).results]
+    eng = run(model, ckpt, arm, 4, 48, static_decode=True)
+    _check(eng, want, arm)
+    assert eng.runner.tree_graphs, "verification went through the static tree buffers"
+    assert eng.runner.fn_graphs is not None and eng.runner.fn_graphs.entries, "and so did drafting"
 
 
 @pytest.mark.slow

@@ -28,3 +28,32 @@ def test_graph_decode_equals_eager(tiny_checkpoints, params: SamplingParams) -> 
         outs[graphs] = [r.output_ids for r in eng.generate(PROMPTS, params)]  # batch 3 pads to 4, then 2, 1
         eng.check_no_leaks()
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("arm,opts", [("mtp", {"mtp_k": 3}), ("eagle", {}), ("lumotree", {"tree": "hydra27"}),
+                                      ("lumotree", {"tree": "adaptive"})])  # fmt: skip
+def test_graph_verify_and_commit_equal_eager(tmp_path, arm: str, opts: dict) -> None:
+    """Speculative steps whose tree forward and commit replay as CUDA graphs emit what eager steps emit."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _arms_fixtures import write_arms_checkpoint
+
+    ckpt = write_arms_checkpoint(tmp_path / "model")
+    model = load_model(ckpt, "cuda", torch.float32)[0]
+    if arm == "eagle":
+        opts = {**opts, "eagle_path": str(ckpt / "eagle")}
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    prompts = [[5, 6, 7, 8, 9, 10] * 4, [20, 21, 22, 23] * 5 + [1], [7] * 10]
+    outs = {}
+    for graphs in (False, True):
+        cfg = EngineConfig(arm=arm, arm_options=opts, device="cuda", max_seqs=4, max_model_len=128,
+                           cuda_graphs=graphs, graph_batch_sizes=(1, 2, 4))  # fmt: skip
+        eng = Engine(model, None, cfg)
+        outs[graphs] = [r.output_ids for r in eng.generate(prompts, params)]
+        if graphs:
+            captured = [t for t in eng.runner.tree_graphs.values() if t.graph is not None]
+            assert captured and all(t.commit_graph is not None for t in captured)
+        eng.check_no_leaks()
+    assert outs[True] == outs[False]
