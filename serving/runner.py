@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from lumotree.kernels import dispatch
 from lumotree.serving.batch import ForwardBatch
 from lumotree.serving.cache import StateCaches
-from lumotree.kernels import dispatch
 from lumotree.serving.graphs import StaticGraphs, capture
 from lumotree.serving.model import HybridModel
 from lumotree.serving.model.record import TreeRecord

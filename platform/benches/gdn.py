@@ -4,8 +4,8 @@ Shapes default to the 27B model's GDN (48 layers, 48 value / 16 key heads, K = V
 hydra27 bucket. Operands are what the model records: q, k l2-normalised fp32, v, g, beta fp32. Methods:
 
 - lumotree: verify = path-parallel tree scan per layer (launch configs swept; the served default reported),
-  publish = native replay of the accepted path (the spine to ``--accept-depth``) through fla's fused-recurrent kernel,
-  all layers folded into its batch dimension, final state written in place;
+  publish = native replay of the accepted path (the spine to ``--accept-depth``) through fla's
+  fused-recurrent kernel, all layers folded into its batch dimension, final state written in place;
 - pytorch_node: the per-node PyTorch recurrence storing every node's state (eager only);
 - native_path: fla decode steps over the tree depth by depth, every node's full state stored, publish = copy
   of the accepted node's state;

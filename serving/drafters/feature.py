@@ -135,7 +135,7 @@ class FeatureDrafter:
         return Drafts(torch.stack(toks, 1), torch.stack(probs, 1))
 
     def _draft_static(self, ids: list[str], pend: list[_Pending], ctxs: list[int], width: int) -> Drafts:
-        """Extend (padded to ``width`` rows per request) + chain over fixed shapes, through ``self.graphs``."""
+        """Extend (padded to ``width`` rows per request) + chain on fixed shapes, through ``self.graphs``."""
         assert self.graphs is not None
         S, depth = len(ids), self.config.depth
         chain = [-1, *range(width - 1)]
