@@ -110,6 +110,30 @@ def gdn_tree(
     return gdn_ref.naive_tree_gdn(q, k, v, g, beta, parents, initial_state, scale, plan)
 
 
+def gdn_tree_batch(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    parents: Sequence[Sequence[int]], pool: torch.Tensor, rows: torch.Tensor, scale: float,
+) -> torch.Tensor:  # fmt: skip
+    """Tree GDN over S packed trees (rows of tree s follow tree s-1; ``parents[s]`` local to tree s), tree s
+    starting from ``pool[rows[s]]``: o [R, HV, V]. CUDA: one scan launch per level for all trees, reading the
+    pool through ``rows`` on the device (no host index, so it can be graph-captured)."""
+    cu = [0]
+    for par in parents:
+        cu.append(cu[-1] + len(par))
+    if use_triton(q) and _tree_kernel() is not None:
+        kernel = _tree_kernel()
+        assert kernel is not None
+        flat = [p for par in parents for p in par]
+        o, _ = kernel(q[None], k[None], v[None], g[None], beta[None], flat, pool, scale,
+                      cu_seqlens=cu, state_indices=rows)  # fmt: skip
+        return o[0]  # type: ignore[no-any-return]
+    outs = [
+        gdn_tree(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], par, pool[rows[s]], scale)[0]
+        for s, (par, lo, hi) in enumerate(zip(parents, cu[:-1], cu[1:], strict=True))
+    ]
+    return torch.cat(outs)
+
+
 # ---------------------------------------------------------------- fused row kernels of the decode path
 
 

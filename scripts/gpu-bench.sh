@@ -32,7 +32,7 @@ for s in "${steps[@]}"; do
   case $s in
     env) run_step env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
 python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'; \
-git -C '$repo' rev-parse HEAD 2>/dev/null || cat '$repo/.commit' 2>/dev/null" ;;
+cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py ;;
     decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --json --out "$out/decode_27b.json" ;;

@@ -19,12 +19,20 @@ log = logging.getLogger(__name__)
 
 
 def capture(fn: Callable[[], Any], pool: Any = None, warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """(graph, outputs) of ``fn`` recorded into ``pool``; ``fn`` runs ``warmup`` times for real first."""
+    """(graph, outputs) of ``fn`` recorded into ``pool``; ``fn`` runs ``warmup`` times for real first.
+
+    The last warm-up run treats any host synchronisation as an error: an op that syncs would invalidate
+    the capture (and leave the pool unusable), so it fails here, before capture, naming the op."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(warmup):
-            fn()
+        for i in range(warmup):
+            if i == warmup - 1:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                fn()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
@@ -42,10 +50,15 @@ class _Entry:
 class StaticGraphs:
     """One graph per key of ``fn(static_inputs)``; the key must determine every input's shape and dtype."""
 
-    def __init__(self, capture_graphs: bool, pool: Callable[[], Any], max_entries: int = 16) -> None:
+    def __init__(
+        self, capture_graphs: bool, pool: Callable[[], Any], on_failure: Callable[[], None],
+        max_entries: int = 16,
+    ) -> None:  # fmt: skip
         self.capture_graphs = capture_graphs
         self.pool = pool
         """Returns the memory pool graphs share (the runner's)."""
+        self.on_failure = on_failure
+        """Called after a failed capture (the runner then stops capturing anywhere)."""
         self.max_entries = max_entries
         self.entries: dict[Hashable, _Entry | None] = {}
         """None marks a key whose capture failed (it runs eagerly)."""
@@ -74,8 +87,11 @@ class StaticGraphs:
             return _Entry(static, None)
         try:
             graph, out = capture(lambda: fn(static), self.pool())
-        except Exception as e:  # this key runs eagerly from now on
-            log.warning("CUDA graph capture failed, running eagerly: %s: %s", type(e).__name__, e)
-            torch.cuda.synchronize()
+        except Exception as e:  # this key runs eagerly; a failed capture leaves its pool recording
+            log.warning(
+                "CUDA graph capture failed, running eagerly: %s: %s", type(e).__name__, e, exc_info=True
+            )
+            self.capture_graphs = False
+            self.on_failure()
             return None
         return _Entry(static, graph, out)

@@ -96,7 +96,7 @@ class ModelRunner:
         self._pool: tuple[int, int] | None = None
         self._last_tree: _TreeGraph | None = None
         self.fn_graphs = (
-            StaticGraphs(self.tree_capture, lambda: self._pool, config.max_tree_graphs)
+            StaticGraphs(self.tree_capture, lambda: self._pool, self.disable_capture, config.max_tree_graphs)
             if self.static
             else None
         )
@@ -227,10 +227,15 @@ class ModelRunner:
             if self.tree_capture:
                 try:
                     self._capture_tree(tg, batch)
-                except Exception as e:  # serve this topology eagerly from now on
-                    log.warning("tree graph capture failed, verifying eagerly: %s: %s", type(e).__name__, e)
+                except Exception as e:  # a failed capture leaves its pool recording: no more captures
+                    log.warning(
+                        "tree graph capture failed, verifying eagerly: %s: %s",
+                        type(e).__name__,
+                        e,
+                        exc_info=True,
+                    )
                     tg.graph = tg.commit_graph = None
-                    torch.cuda.synchronize()
+                    self.disable_capture()
         if tg is None:
             hidden = self.model(batch, self.caches)
             assert self.model.tree_record is not None
@@ -245,6 +250,13 @@ class ModelRunner:
         assert tg.hidden is not None and tg.logits is not None and tg.record is not None
         self._last_tree = tg
         return tg.hidden, tg.logits, tg.record
+
+    def disable_capture(self) -> None:
+        """Stop capturing new graphs (after a failed capture); captured ones keep replaying."""
+        self.tree_capture = False
+        if self.fn_graphs is not None:
+            self.fn_graphs.capture_graphs = False
+        torch.cuda.synchronize()
 
     def commit(self, record: TreeRecord, accepted: torch.Tensor) -> torch.Tensor:
         """Publish the accepted rows [S, D] of the latest tree forward (see ``model.commit``)."""

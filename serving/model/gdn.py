@@ -85,15 +85,8 @@ class GatedDeltaNet(nn.Module):
             pool.index_copy_(0, rows, final)
             o = o[0]
         else:
-            assert ctx.seq_bounds is not None and batch.parents_host is not None
-            outs = []
-            for s, (lo, hi, _) in enumerate(ctx.seq_bounds):
-                o_s, _ = dispatch.gdn_tree(
-                    q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], batch.parents_host[s],
-                    pool[rows[s]], self.scale,
-                )  # fmt: skip
-                outs.append(o_s)
-            o = torch.cat(outs)
+            assert batch.parents_host is not None
+            o = dispatch.gdn_tree_batch(q, k, v, g, beta, batch.parents_host, pool, rows, self.scale)
             if record is not None:
                 record.layers.append(GDNReplay(q, k, v, g, beta, qkv))
         y = self.norm(o.to(x.dtype), z)
