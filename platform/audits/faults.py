@@ -50,12 +50,12 @@ def model_fault(name: str, model: Any = None) -> Iterator[None]:
     from lumotree.serving.model import model as model_mod
 
     if name == "wrong_gdn_parent":
-        orig_tree = dispatch.gdn_tree
+        orig_tree = dispatch.gdn_tree_batch
 
-        def gdn_tree(q, k, v, g, beta, parents, *args, **kw):  # type: ignore[no-untyped-def]
-            return orig_tree(q, k, v, g, beta, _chain(len(parents)), *args, **kw)
+        def gdn_tree_batch(q, k, v, g, beta, parents, *args, **kw):  # type: ignore[no-untyped-def]
+            return orig_tree(q, k, v, g, beta, [_chain(len(p)) for p in parents], *args, **kw)
 
-        with _patched(dispatch, "gdn_tree", gdn_tree):
+        with _patched(dispatch, "gdn_tree_batch", gdn_tree_batch):
             yield
         return
     if name == "conv_packed_neighbour":
@@ -64,8 +64,13 @@ def model_fault(name: str, model: Any = None) -> Iterator[None]:
         def windows(parents, *args):  # type: ignore[no-untyped-def]
             return orig_win(_chain(len(parents)), *args)
 
-        with _patched(ctx_mod, "tree_window_index", windows):
-            yield
+        # The window tables are cached per topology: rebuild them under the fault and after it.
+        ctx_mod._tree_tables.cache_clear()
+        try:
+            with _patched(ctx_mod, "tree_window_index", windows):
+                yield
+        finally:
+            ctx_mod._tree_tables.cache_clear()
         return
     orig_commit = model_mod.commit_tree
     if name == "kv_not_remapped":
