@@ -67,14 +67,25 @@ class _Sync:
         return (time.perf_counter() - t) * 1e3, out
 
 
-def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: int, graphs: bool) -> dict:
+def arm_runs(draft_vocab: int) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The arms to time; with ``draft_vocab``, the speculative ones again drafting among that many ids."""
+    runs = dict(ARM_RUNS)
+    if draft_vocab > 0:
+        for name, (arm, opts) in ARM_RUNS.items():
+            if arm != "ar":
+                runs[f"{name}_dv"] = (arm, {**opts, "draft_vocab": draft_vocab})
+    return runs
+
+
+def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: int, graphs: bool,
+              draft_vocab: int = 0) -> dict:  # fmt: skip
     """Median engine step and per-span means of every arm (batch 1)."""
 
     sync = _Sync(model.embed_tokens.weight.device)
     vocab = model.config.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
     out: dict[str, Any] = {}
-    for name, (arm, opts) in ARM_RUNS.items():
+    for name, (arm, opts) in arm_runs(draft_vocab).items():
         try:
             out[name] = _time_arm(model, arm, opts, eagle_head, prompt, steps, warmup, graphs, sync)
         except Exception as e:  # one failing arm must not hide the others' numbers
@@ -190,7 +201,7 @@ def _time_tree(ver: Any, req: Any, parents: list[int], gen: Any, device: Any, sy
 
 
 def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, steps: int, warmup: int,
-        iters: int, graphs: bool) -> dict[str, Any]:  # fmt: skip
+        iters: int, graphs: bool, draft_vocab: int = 0) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from lumotree.platform.benches import decode
@@ -208,17 +219,20 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
         "bench": "arms", "shapes": shapes, "device": torch.cuda.get_device_name(device)
         if device.type == "cuda" else "cpu", "dtype": str(dtype).removeprefix("torch."), "batch": 1,
         "prompt_len": prompt_len, "steps": steps, "iters": iters, "build_s": time.perf_counter() - t0,
+        "draft_vocab": draft_vocab, "cuda_graphs": graphs,
     }  # fmt: skip
-    arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs)
+    arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs, draft_vocab)
     report["arms"] = arms
     med = {k: a["step"]["median_ms"] for k, a in arms.items() if "step" in a}
     ar = med.get("ar", float("nan"))
     nan = float("nan")
-    report["ratios"] = {"lumotree_over_ar": med.get("lumotree", nan) / ar,
-                        "lumotree_over_mtp5": med.get("lumotree", nan) / med.get("mtp5", nan),
-                        "eagle_over_ar": med.get("eagle", nan) / ar,
-                        "mtp5_over_ar": med.get("mtp5", nan) / ar,
-                        "goals": {"lumotree_over_ar": 1.35, "lumotree_over_mtp5": 1.05}}  # fmt: skip
+    report["ratios"] = {"goals": {"lumotree_over_ar": 1.35, "lumotree_over_mtp5": 1.05}}
+    for sfx in ("", "_dv") if draft_vocab > 0 else ("",):
+        report["ratios"].update({f"lumotree{sfx}_over_ar": med.get(f"lumotree{sfx}", nan) / ar,
+                                 f"lumotree{sfx}_over_mtp5{sfx}": med.get(f"lumotree{sfx}", nan)
+                                 / med.get(f"mtp5{sfx}", nan),
+                                 f"eagle{sfx}_over_ar": med.get(f"eagle{sfx}", nan) / ar,
+                                 f"mtp5{sfx}_over_ar": med.get(f"mtp5{sfx}", nan) / ar})  # fmt: skip
     report["trees"] = time_trees(model, prompt_len, iters, warmup, graphs)
     report["trees_over_ar_step"] = {
         k: v["step_ms_root_only"] / ar for k, v in report["trees"].items() if "error" not in v
@@ -244,8 +258,10 @@ def print_table(report: dict[str, Any]) -> None:
                   *(f"{s[k]:.3f}" for k in ("drafting", "target_forward", "sampling", "commit")))  # fmt: skip
     con.print(t)
     r = report["ratios"]
-    con.print(f"LumoTree/AR {r['lumotree_over_ar']:.3f} (goal <= 1.35), "
-              f"LumoTree/MTP-5 {r['lumotree_over_mtp5']:.3f} (goal <= 1.05)")  # fmt: skip
+    for sfx in ("", "_dv") if report.get("draft_vocab") else ("",):
+        over_ar, over_mtp = r[f"lumotree{sfx}_over_ar"], r[f"lumotree{sfx}_over_mtp5{sfx}"]
+        con.print(f"LumoTree{sfx}/AR {over_ar:.3f} (goal <= 1.35), "
+                  f"LumoTree{sfx}/MTP-5{sfx} {over_mtp:.3f} (goal <= 1.05)")  # fmt: skip
     t = Table(title="forced full trees through the verifier (ms)")
     for c in ("tree", "nodes", "depth", "forward", "walk", "commit 1", "commit path", "step/AR"):
         t.add_column(c, justify="right")
@@ -273,7 +289,12 @@ def register(bench_app: typer.Typer) -> None:
         steps: Annotated[int, typer.Option(help="Timed engine steps per arm.")] = 30,
         warmup: Annotated[int, typer.Option(help="Untimed steps / iterations first.")] = 5,
         iters: Annotated[int, typer.Option(help="Timed iterations per tree shape.")] = 20,
-        cuda_graphs: Annotated[bool, typer.Option(help="CUDA-graph decode where the engine uses it.")] = True,
+        cuda_graphs: Annotated[
+            bool, typer.Option(help="CUDA graphs for decode, verify, commit and drafting.")
+        ] = True,
+        draft_vocab: Annotated[
+            int, typer.Option(help="Also time the speculative arms drafting among the first N token ids.")
+        ] = 0,
         as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
         out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
     ) -> None:
@@ -287,7 +308,7 @@ def register(bench_app: typer.Typer) -> None:
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise typer.BadParameter("--device cuda: no CUDA device is available")
-        report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs)
+        report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs, draft_vocab)
         text = json.dumps(report, indent=2)
         if as_json:
             print(text)

@@ -25,8 +25,12 @@ class ChainedArm:
     name = "chained"
     drafter: FeatureDrafter
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, draft_vocab: int = 0) -> None:
+        """``draft_vocab``: draft among the first N token ids only (0 = all; see ``restrict_vocab``)."""
+        if int(draft_vocab) < 0:
+            raise ValueError(f"draft_vocab must be >= 0 (0 = the whole vocabulary), got {draft_vocab}")
         self.depth = depth
+        self.draft_vocab = int(draft_vocab)
 
     def max_tree_rows(self) -> int:
         return self.depth + 1
@@ -37,6 +41,12 @@ class ChainedArm:
         # Drafting replays as CUDA graphs through the runner's per-shape graphs where the engine uses them.
         self.drafter.graphs = engine.runner.fn_graphs
         self.drafter.table_width = engine.runner.config.max_blocks_per_seq
+        vocab = engine.model.config.vocab_size
+        if 0 < self.draft_vocab < vocab:
+            # Without a frequency table the lowest ids stand in for the most frequent tokens (BPE merges
+            # are numbered in order of frequency).
+            ids = torch.arange(self.draft_vocab, device=engine.device)
+            self.drafter.restrict_vocab(engine.model.lm_head.weight, ids)
 
     def make_drafter(self, engine: Any) -> FeatureDrafter:
         raise NotImplementedError

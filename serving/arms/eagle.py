@@ -23,10 +23,11 @@ class EagleArm(ChainedArm):
         eagle_path: str | Path | None = None,
         eagle_steps: int = 7,
         eagle_head: EagleLayer | None = None,
+        draft_vocab: int = 0,
         **_options: Any,
     ) -> None:
         """``eagle_path``: the head's folder (default ``<model>/eagle``); ``eagle_head``: a built head."""
-        super().__init__(int(eagle_steps))
+        super().__init__(int(eagle_steps), draft_vocab)
         self.eagle_path = eagle_path
         self.eagle_head = eagle_head
 

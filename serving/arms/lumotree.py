@@ -29,10 +29,12 @@ TREES = ("hydra27", "adaptive")
 class LumoTreeArm(ChainedArm):
     name = "lumotree"
 
-    def __init__(self, tree: str = "hydra27", mtp_k: int = 5, topk: int = 3, **_options: Any) -> None:
+    def __init__(
+        self, tree: str = "hydra27", mtp_k: int = 5, topk: int = 3, draft_vocab: int = 0, **_options: Any
+    ) -> None:
         if tree not in TREES:
             raise ValueError(f"unknown tree {tree!r}; choose one of {', '.join(TREES)}")
-        super().__init__(int(mtp_k))
+        super().__init__(int(mtp_k), draft_vocab)
         self.tree = tree
         self.topk = topk
         self.adaptive = AdaptiveConfig()

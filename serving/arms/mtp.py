@@ -12,10 +12,10 @@ from lumotree.serving.drafters.mtp import mtp_drafter
 class MTPArm(ChainedArm):
     name = "mtp"
 
-    def __init__(self, mtp_k: int = 5, **_options: Any) -> None:
+    def __init__(self, mtp_k: int = 5, draft_vocab: int = 0, **_options: Any) -> None:
         if not 1 <= int(mtp_k) <= 16:
             raise ValueError(f"mtp_k must be in 1..16, got {mtp_k}")
-        super().__init__(int(mtp_k))
+        super().__init__(int(mtp_k), draft_vocab)
 
     def make_drafter(self, engine: Any) -> FeatureDrafter:
         return mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, 1))

@@ -91,6 +91,8 @@ class FeatureDrafter:
         """Fixed-shape drafting through these graphs (set by the arm from the engine's runner)."""
         self.table_width = 0
         """Block-table width of the fixed-shape batches."""
+        self.vocab_ids: torch.Tensor | None = None
+        """Token id of each drafter logit column when the vocabulary is restricted (``restrict_vocab``)."""
 
     def feed(self, seq_id: str, start: int, next_tokens: Sequence[int], features: torch.Tensor) -> None:
         """Queue rows start .. start + n - 1 (n = len(next_tokens) = features.shape[0])."""
@@ -182,7 +184,16 @@ class FeatureDrafter:
     def _top(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = torch.softmax(self.logits(h).float(), -1)
         val, idx = p.topk(self.config.topk, dim=-1)
-        return idx, val
+        return (idx if self.vocab_ids is None else self.vocab_ids[idx]), val
+
+    def restrict_vocab(self, lm_head: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Draft over ``token_ids`` only (their rows of ``lm_head`` [V, H] are copied): each drafter pass
+        then reads a [n, H] slice instead of the whole lm_head (FR-Spec, SGLang's hot-token map). Drafts are
+        verified by the target as always, so outputs do not change; only acceptance may."""
+        ids = token_ids.to(device=lm_head.device, dtype=torch.long)
+        weight = lm_head.index_select(0, ids).contiguous()
+        self.logits = lambda h: torch.nn.functional.linear(h, weight).float()
+        self.vocab_ids = ids
 
     def release(self, seq_id: str) -> None:
         self._pending.pop(seq_id, None)

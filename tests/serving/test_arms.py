@@ -147,3 +147,27 @@ def test_arm_options_are_checked(model) -> None:
         Engine(model, None, EngineConfig(arm="lumotree", arm_options={"tree": "bushy"}))
     with pytest.raises(FileNotFoundError, match="EAGLE head"):
         Engine(model, None, EngineConfig(arm="eagle", arm_options={"eagle_path": "/nonexistent"}))
+
+
+def test_restricted_draft_vocabulary_keeps_outputs_and_drafts_inside_it(model, ckpt) -> None:
+    """A drafter restricted to the first 64 ids proposes only those ids; verification keeps the outputs."""
+    want = [r.output_ids for r in run(model, ckpt, "ar", 4, 40).results]
+    name, opts = ARMS["lumotree"]
+    cfg = EngineConfig(arm=name, arm_options={**opts, "draft_vocab": 64}, max_seqs=4, max_model_len=104)
+    eng = Engine(model, None, cfg)
+    seen: list[torch.Tensor] = []
+    eng.arm.drafter.draft = _recording(eng.arm.drafter.draft, seen)  # type: ignore[method-assign]
+    eng.results = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert [r.output_ids for r in eng.results] == want
+    assert seen and all(int(t.max()) < 64 for t in seen)
+    with pytest.raises(ValueError, match="draft_vocab"):
+        Engine(model, None, EngineConfig(arm="mtp", arm_options={"draft_vocab": -1}))
+
+
+def _recording(draft, seen: list):
+    def wrapped(*args):
+        d = draft(*args)
+        seen.append(d.tokens)
+        return d
+
+    return wrapped

@@ -17,13 +17,15 @@ def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     try:
         args = ["bench", "arms", "--shapes", "tiny", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                "--iters", "1", "--prompt-len", "16", "--out", str(tmp_path / "a.json")]  # fmt: skip
+                "--iters", "1", "--prompt-len", "16", "--draft-vocab", "64",
+                "--out", str(tmp_path / "a.json")]  # fmt: skip
         res = CliRunner().invoke(app, args)
     finally:
         torch.set_num_threads(n)
     assert res.exit_code == 0, res.output
     rep = json.loads((tmp_path / "a.json").read_text())
-    assert set(rep["arms"]) == {"ar", "mtp5", "eagle", "lumotree"}
+    spec = ("mtp5", "eagle", "lumotree")
+    assert set(rep["arms"]) == {"ar", *spec, *(f"{a}_dv" for a in spec)}
     assert [rep["arms"][a]["verify_rows"] for a in ("ar", "mtp5", "eagle", "lumotree")] == [1, 6, 8, 32]
     for a in rep["arms"].values():
         assert a["step"]["median_ms"] > 0 and set(a["spans_mean_ms"]) >= {"drafting", "target_forward"}
@@ -34,3 +36,4 @@ def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
     assert set(rep["trees"]) == {f"{k}{n}" for k in ("chain", "bushy") for n in (8, 16, 32, 64)} | {"hydra27"}
     assert rep["trees"]["chain64"]["max_depth"] == 63 and rep["trees"]["bushy64"]["max_depth"] == 3
     assert rep["ratios"]["lumotree_over_ar"] > 0 and "LumoTree/AR" in res.output
+    assert rep["ratios"]["lumotree_dv_over_mtp5_dv"] > 0 and rep["draft_vocab"] == 64
