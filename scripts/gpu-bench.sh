@@ -39,7 +39,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     gdn) run_step gdn 110 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --json --out "$out/arms_27b.json" ;;
     audit) run_step audit 130 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
-    replay) run_step replay 110 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 40 --arms ar,mtp,eagle,lumotree --runs 3 \
+    replay) run_step replay 240 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 16 --arms ar,mtp,eagle,lumotree --runs 3 \
       --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;
     *) echo "unknown step $s"; status=1 ;;
   esac

@@ -129,6 +129,15 @@ def run_replay_command(
             targets = {s.name: ArmHost(s) for s in specs}
     total = len(requests) * settings["runs"]
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    done = dict.fromkeys(targets, 0)
+
+    def advance(arm: str, run: int, i: int) -> None:
+        progress.advance(bars[arm])
+        done[arm] += 1
+        # A log file (no terminal) gets a plain line per tenth of each arm's work instead of a live bar.
+        if not console.is_terminal and (done[arm] % max(1, total // 10) == 0 or done[arm] == total):
+            console.print(f"{arm}: run {run + 1}/{settings['runs']}, {done[arm]}/{total} requests")
+
     with Progress(*columns, console=console) as progress:
         bars = {n: progress.add_task(n, total=total) for n in targets}
         results = run_replay(
@@ -138,7 +147,7 @@ def run_replay_command(
             max_tokens=settings["max_tokens"],
             ignore_eos=settings["ignore_eos"],
             seed=settings["seed"],
-            on_request=lambda arm, run, i: progress.advance(bars[arm]),
+            on_request=advance,
         )
     summary = summarize_replay(results)
     config = {**settings, "git_commit": git_commit()}
