@@ -136,7 +136,7 @@ class Engine:
             RunnerConfig(config.max_seqs, blocks_per_seq, config.cuda_graphs, config.static_decode,
                          config.graph_batch_sizes),
         )  # fmt: skip
-        self.sampler = Sampler(mc.vocab_size, self.device)
+        self.sampler = Sampler(mc.vocab_size, self.device, self.runner.fn_graphs)
         self.verifier = Verifier(model, self.caches, self.sampler, self.runner)
         self.history = PresenceHistory(config.max_seqs + 1, mc.vocab_size, self.device)
         self.counters = EngineCounters()
@@ -278,17 +278,19 @@ class Engine:
                 out = self.verifier.verify([r.req_id for r in reqs], trees)
                 logits, hidden, tb = out.logits, out.hidden, out.tree_batch()
         with self.timer.span("sampling", self.counters):
-            res = self.sampler.walk(
-                tb, logits, self.history.rows(self._rows(reqs)), [r.params for r in reqs], self._seeds(reqs),
-                torch.tensor([len(r.output_ids) for r in reqs], device=self.device),
-            )  # fmt: skip
+            # Seeds, output positions and history rows cross to the device in one copy.
+            small = torch.tensor(
+                [[r.seed for r in reqs], [len(r.output_ids) for r in reqs], [r.state_row for r in reqs]]
+            ).to(self.device, non_blocking=True)
+            penalty = any(r.params.presence_penalty != 0.0 for r in reqs)
+            history = self.history.rows(small[2]) if penalty else None
+            res = self.sampler.walk(tb, logits, history, [r.params for r in reqs], small[0], small[1])
         if out is not None:
             with self.timer.span("commit", self.counters):
                 self.verifier.commit(out, res)
         # The step's one host read: accepted rows, their tokens and the bonus, all together.
-        starts = torch.tensor(tb.offsets[:-1], device=self.device)
-        acc_tok = tb.tokens[(starts[:, None] + res.accepted.clamp(min=0)).clamp(max=tb.tokens.shape[0] - 1)]
-        host = torch.cat([res.accepted, acc_tok, res.bonus[:, None]], 1).tolist()
+        assert res.path_tokens is not None
+        host = torch.cat([res.accepted, res.path_tokens, res.bonus[:, None]], 1).tolist()
         width = res.accepted.shape[1]
         accepted = [[i for i in row[:width] if i >= 0] for row in host]
         acc_tokens = [row[width : width + len(a)] for row, a in zip(host, accepted, strict=True)]

@@ -1,19 +1,25 @@
 """The sampler every arm shares: native transforms, the target-only walk, per-request presence history.
 
 ``Sampler.walk`` is the single selection routine: AR calls it with root-only trees, chains and trees with
-their drafts. Parameters, transforms and the random stream live in ``lumotree.serving.sampling``.
+their drafts. Parameters, transforms and the random stream live in ``lumotree.serving.sampling``. Given
+``graphs`` (the runner's ``StaticGraphs``), trees with a host topology walk through one CUDA graph per
+structure (``walk_static``); on the CPU the same fixed-shape code runs eagerly on the graphs' static inputs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from lumotree.serving.sampling.params import SamplingParams
 from lumotree.serving.sampling.rng import random_seed
 from lumotree.serving.sampling.transforms import RowParams, probabilities
-from lumotree.serving.sampling.walk import TreeBatch, WalkResult, node_probabilities, walk
+from lumotree.serving.sampling.walk import TreeBatch, WalkResult, node_probabilities, walk, walk_static
+
+if TYPE_CHECKING:
+    from lumotree.serving.graphs import StaticGraphs
 
 __all__ = [
     "PresenceHistory",
@@ -52,12 +58,23 @@ class PresenceHistory:
 class Sampler:
     """Selection for a batch of requests given the target's logits at every tree node."""
 
-    def __init__(self, vocab: int, device: torch.device | str) -> None:
+    def __init__(self, vocab: int, device: torch.device | str, graphs: StaticGraphs | None = None) -> None:
         self.vocab = vocab
         self.device = torch.device(device)
+        self.graphs = graphs
+        """Tree walks replay through these (None = plain eager walks)."""
+        self._row_params: dict[tuple, RowParams] = {}
 
     def row_params(self, params: Sequence[SamplingParams]) -> RowParams:
-        return RowParams.build(params, self.vocab, self.device)
+        """Device parameters of a batch, cached per batch of settings: a running batch keeps its settings
+        from step to step, so they cross to the device once."""
+        key = tuple((p.temperature, p.top_k, p.top_p, p.min_p, p.presence_penalty) for p in params)
+        rp = self._row_params.get(key)
+        if rp is None:
+            if len(self._row_params) >= 64:
+                self._row_params.clear()
+            rp = self._row_params[key] = RowParams.build(params, self.vocab, self.device)
+        return rp
 
     def walk(
         self,
@@ -70,7 +87,10 @@ class Sampler:
     ) -> WalkResult:
         """Accepted path + bonus per request; see ``lumotree.serving.sampling.walk.walk``."""
         assert logits.shape[-1] == self.vocab, (logits.shape, self.vocab)
-        return walk(trees, logits.float(), history, self.row_params(params), seeds, out_pos)
+        rp = self.row_params(params)
+        if self.graphs is not None and trees.topology is not None:
+            return walk_static(self.graphs, trees, logits.float(), history, rp, seeds, out_pos)
+        return walk(trees, logits.float(), history, rp, seeds, out_pos)
 
     def sample(
         self,

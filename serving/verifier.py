@@ -37,15 +37,11 @@ class VerifyOutput:
     """The model's TreeRecord: replay operands of every GDN layer."""
 
     def tree_batch(self) -> TreeBatch:
-        """The walk's view of the same trees (tokens stay on the device)."""
-        dev = self.logits.device
-        sizes = [d.num_rows for d in self.descriptors]
-        return TreeBatch(
-            tokens=torch.cat([d.token_ids.to(dev) for d in self.descriptors]),
-            parents=torch.tensor([p for d in self.descriptors for p in d.parents], dtype=torch.long).to(dev),
-            active=torch.tensor([a for d in self.descriptors for a in d.active_mask]).to(dev),
-            sizes=sizes,
-            max_depth=max(d.topology.max_depth for d in self.descriptors),
+        """The walk's view of the same trees: the forward's own token ids, shape and masks from caches."""
+        return TreeBatch.from_topology(
+            self.batch.input_ids,
+            tuple(d.parents for d in self.descriptors),
+            tuple(d.active_mask for d in self.descriptors),
         )
 
 

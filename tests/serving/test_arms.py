@@ -53,13 +53,14 @@ def model(ckpt: Path):
     return load_model(ckpt, "cpu", torch.float32)[0]
 
 
-def run(model, ckpt: Path, arm: str, batch: int, n: int, prompts=PROMPTS, **config) -> Engine:
+def run(model, ckpt: Path, arm: str, batch: int, n: int, prompts=PROMPTS, params=None, **config) -> Engine:
     name, opts = ARMS.get(arm, ("ar", {}))
     if name == "eagle":
         opts = {**opts, "eagle_path": str(ckpt / "eagle")}
     cfg = EngineConfig(arm=name, arm_options=opts, max_seqs=batch, max_model_len=n + 64, **config)
     eng = Engine(model, None, cfg)
-    eng.results = eng.generate(prompts, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))
+    params = params or SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    eng.results = eng.generate(prompts, params)
     eng.check_no_leaks()
     return eng
 
@@ -100,7 +101,27 @@ def test_static_tree_buffers_equal_ar(model, ckpt, arm: str) -> None:
     eng = run(model, ckpt, arm, 4, 48, static_decode=True)
     _check(eng, want, arm)
     assert eng.runner.tree_graphs, "verification went through the static tree buffers"
-    assert eng.runner.fn_graphs is not None and eng.runner.fn_graphs.entries, "and so did drafting"
+    assert eng.runner.fn_graphs is not None
+    kinds = {key[0] for key in eng.runner.fn_graphs.entries}
+    assert {"draft", "walk"} <= kinds, f"and so did drafting and the walk: {kinds}"
+
+
+@pytest.mark.parametrize("arm", ["mtp3", "lumotree"])
+def test_static_sampled_walk_equals_eager(model, ckpt, arm: str) -> None:
+    """Seeded sampling with mixed parameters (temperature, top-k, top-p, min-p, presence penalty, greedy):
+    the structure-keyed walk over static inputs emits the plain engine's tokens."""
+    opts = dict(max_tokens=32, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.5, seed=1, **opts),
+        SamplingParams(temperature=0.0, **opts),
+        SamplingParams(temperature=1.0, min_p=0.1, seed=2, **opts),
+        SamplingParams(temperature=0.6, top_p=0.8, presence_penalty=-0.5, seed=3, **opts),
+    ]
+    want = [r.output_ids for r in run(model, ckpt, arm, 4, 32, params=params).results]
+    eng = run(model, ckpt, arm, 4, 32, params=params, static_decode=True)
+    assert [r.output_ids for r in eng.results] == want
+    assert eng.counters.accepted_tokens > 0, "no draft was accepted: the walk's paths went untested"
+    assert eng.runner.fn_graphs is not None and any(k[0] == "walk" for k in eng.runner.fn_graphs.entries)
 
 
 @pytest.mark.slow

@@ -30,10 +30,17 @@ def test_graph_decode_equals_eager(tiny_checkpoints, params: SamplingParams) -> 
     assert outs[True] == outs[False]
 
 
+VERIFY_PARAMS = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+                 SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, presence_penalty=1.0,
+                                seed=5, max_tokens=40, ignore_eos=True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("params", VERIFY_PARAMS, ids=["greedy", "sampled"])
 @pytest.mark.parametrize("arm,opts", [("mtp", {"mtp_k": 3}), ("eagle", {}), ("lumotree", {"tree": "hydra27"}),
                                       ("lumotree", {"tree": "adaptive"})])  # fmt: skip
-def test_graph_verify_and_commit_equal_eager(tmp_path, arm: str, opts: dict) -> None:
-    """Speculative steps whose tree forward and commit replay as CUDA graphs emit what eager steps emit."""
+def test_graph_verify_and_commit_equal_eager(tmp_path, arm: str, opts: dict, params: SamplingParams) -> None:
+    """Speculative steps whose tree forward, walk and commit replay as CUDA graphs emit what eager steps
+    emit."""
     import sys
     from pathlib import Path
 
@@ -44,7 +51,6 @@ def test_graph_verify_and_commit_equal_eager(tmp_path, arm: str, opts: dict) -> 
     model = load_model(ckpt, "cuda", torch.float32)[0]
     if arm == "eagle":
         opts = {**opts, "eagle_path": str(ckpt / "eagle")}
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     prompts = [[5, 6, 7, 8, 9, 10] * 4, [20, 21, 22, 23] * 5 + [1], [7] * 10]
     outs = {}
     for graphs in (False, True):
@@ -55,5 +61,8 @@ def test_graph_verify_and_commit_equal_eager(tmp_path, arm: str, opts: dict) -> 
         if graphs:
             captured = [t for t in eng.runner.tree_graphs.values() if t.graph is not None]
             assert captured and all(t.commit_graph is not None for t in captured)
+            fn = eng.runner.fn_graphs
+            walks = [e for k, e in fn.entries.items() if k[0] == "walk"] if fn is not None else []
+            assert walks and all(e is not None and e.graph is not None for e in walks), "walks captured"
         eng.check_no_leaks()
     assert outs[True] == outs[False]
