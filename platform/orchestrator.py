@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
@@ -27,6 +25,7 @@ from lumotree.agents.agent import AgentResult, BashAgent
 from lumotree.agents.protocols import Model, ModelReply
 from lumotree.db import models as dbm
 from lumotree.db.store import AttemptClaim, AttemptResult, RequestRecord, Store
+from lumotree.platform.provenance import git_commit
 from lumotree.platform.sweep_config import SweepConfig
 from lumotree.platform.task_backends import TaskBackend
 from lumotree.tasks.api import Instance
@@ -49,21 +48,6 @@ def _owner_is_dead_local(owner: str) -> bool:
     except PermissionError:
         return False
     return False
-
-
-def git_commit() -> str:
-    """Commit of the code that runs the sweep ("+dirty" when the tree is modified; "" outside git)."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return ""
-    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def request_record(index: int, reply: ModelReply) -> RequestRecord:
@@ -146,7 +130,7 @@ class Orchestrator:
         else:
             assert self.store.get_sweep(sweep_id) is not None, f"no sweep {sweep_id}"
             self.store.set_sweep_status(sweep_id, "running")
-        commit = git_commit()
+        commit = git_commit() or ""
         arm_ids = [
             self.store.upsert_arm(
                 sweep_id,

@@ -7,9 +7,6 @@ printed as rich tables. ``passed`` is the conjunction of every check, which deci
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,54 +141,3 @@ def _plain(x: Any) -> Any:
     if isinstance(x, float) and x != x:
         return None
     return x
-
-
-def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (no host names), or the stdlib's guess elsewhere."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform as stdlib_platform
-
-    return stdlib_platform.processor() or "unknown"
-
-
-def git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    dirty = subprocess.run(
-        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        timeout=10,
-    )
-    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def provenance(device: str, started: float) -> dict[str, Any]:
-    """Machine, device, commit, versions and elapsed seconds of a run."""
-    import torch
-
-    meta: dict[str, Any] = {
-        "cpu": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "device": device,
-        "torch": torch.__version__,
-        "commit": git_commit(),
-    }
-    if device.startswith("cuda") and torch.cuda.is_available():
-        meta["gpu"] = torch.cuda.get_device_name()
-    meta["seconds"] = round(time.time() - started, 1)
-    return meta

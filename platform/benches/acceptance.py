@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
+
+from lumotree.platform.provenance import git_commit
 
 ARM_SPECS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
@@ -190,22 +191,6 @@ DECIDING_PATHS = (
 """The code and weights that decide the measured tokens (a recorded card changes none of them)."""
 
 
-def git_commit(root: Path) -> str | None:
-    """HEAD of the checkout the package runs from (``-dirty`` when files that decide the tokens differ from
-    it), else None."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *DECIDING_PATHS],
-            cwd=root, capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("-dirty" if dirty else "")
-
-
 def _run_arm(
     model: Any, tok: Any, cfg: AcceptanceConfig, name: str, prompts: list[Prompt], progress: Any
 ) -> Any:
@@ -267,7 +252,7 @@ def run(cfg: AcceptanceConfig, progress: Any = None) -> dict[str, Any]:
     total_mismatches = sum(len(a["mismatches"]) for a in arms.values())
     return {
         "command": cfg.command(),
-        "commit": git_commit(Path(__file__).resolve().parents[2]),
+        "commit": git_commit(DECIDING_PATHS),
         "config": asdict(cfg),
         "model": path.name,
         "device": str(device),

@@ -12,13 +12,14 @@ the walk and the commit - the break-even of tree size and depth against one deco
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from lumotree.platform.benches import stamped
 
 ARM_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
@@ -308,8 +309,9 @@ def register(bench_app: typer.Typer) -> None:
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise typer.BadParameter("--device cuda: no CUDA device is available")
+        started = time.time()
         report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs, draft_vocab)
-        text = json.dumps(report, indent=2)
+        text = stamped(report, dev, started)
         if as_json:
             print(text)
         else:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import typer
+
+from lumotree.platform.benches import stamped
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -32,6 +33,7 @@ def register(bench_app: typer.Typer) -> None:
         from lumotree.db.synthetic import DEFAULT_ARMS, SyntheticSweep, fill_synthetic_sweep
 
         console = Console(stderr=True, quiet=as_json)
+        started = time.time()
         per_task = len(DEFAULT_ARMS) * 2
         if attempts < per_task or attempts % per_task:
             console.print(f"[red]--attempts must be a positive multiple of {per_task}[/]")
@@ -78,7 +80,7 @@ def register(bench_app: typer.Typer) -> None:
         page = result["sweep_page"]
         assert isinstance(page, dict)
         result["under_1s"] = page["median_server_s"] < 1.0
-        text = json.dumps(result, indent=2)
+        text = stamped(result, "cpu", started)
         if out:
             out.write_text(text + "\n")
         print(text)

@@ -9,13 +9,14 @@ measured device copy bandwidth; the step is timed eagerly and as a CUDA graph re
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import typer
+
+from lumotree.platform.benches import stamped
 
 SHAPES: dict[str, dict[str, Any]] = {
     "27b": dict(
@@ -284,13 +285,14 @@ def register(bench_app: typer.Typer) -> None:
         if dev.startswith("cuda") and not torch.cuda.is_available():
             console.print("[red]no CUDA device here; pass --device cpu (with --shapes tiny)[/]")
             raise typer.Exit(2)
+        started = time.time()
         names = tuple(v.strip() for v in variants.split(",") if v.strip())
         if not names or any(v not in VARIANTS for v in names):
             console.print(f"[red]--variants must name some of {', '.join(VARIANTS)}[/]")
             raise typer.Exit(2)
         with console.status(f"decode bench: {shapes} shapes, batch {batch}, context {context} on {dev}"):
             result = run(shapes, batch, context, dev, dtype, warmup, iters, graph, names)
-        text = json.dumps(result, indent=2)
+        text = stamped(result, dev, started)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(text + "\n")

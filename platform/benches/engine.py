@@ -9,7 +9,6 @@ table, the MTP head excluded) over the measured device copy bandwidth. Prints an
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lumotree.platform.benches import stamped
 from lumotree.platform.benches.decode import SHAPES, copy_bandwidth, random_model, weight_read_bytes
 
 
@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path | None, typer.Option(help="Write the JSON here too.")] = None,
     ) -> None:
         """Decode step time of the AR engine vs the weight-read floor."""
+        started = time.time()
         import torch
 
         from lumotree.serving.engine import Engine, EngineConfig
@@ -99,7 +100,7 @@ def register(app: typer.Typer) -> None:
             "weight_bytes": weight_bytes, "copy_bandwidth_Bps": bandwidth, "floor_ms": floor_ms,
             "prompt_len": prompt_len, "results": results,
         }  # fmt: skip
-        text = json.dumps(report, indent=2)
+        text = stamped(report, str(dev), started)
         print(text)
         if out is not None:
             out.write_text(text + "\n")

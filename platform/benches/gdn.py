@@ -17,7 +17,6 @@ native decoding of the node's root path by the paired rule E_tree <= 1.10 E_nati
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+
+from lumotree.platform.benches import stamped
 
 
 def _stats(ms: list[float]) -> dict[str, float]:
@@ -402,6 +403,7 @@ def register(bench_app: typer.Typer) -> None:
         console = Console(stderr=True, quiet=as_json)
         name = "hydra27_fixed32" if tree == "hydra27" else tree
         cfgs = [(int(a), int(b)) for a, b in (c.split(":") for c in configs.split(","))]
+        started = time.time()
         try:
             res = run_gdn_bench(device, layers, hv, hk, dk, dv, name, accept_depth, warmup, iters, cfgs,
                                 log=console.print)  # fmt: skip
@@ -409,7 +411,7 @@ def register(bench_app: typer.Typer) -> None:
             console.print(f"[red]gdn bench failed: {e}[/]")
             raise typer.Exit(1) from e
         _table(res, console)
-        text = json.dumps(res, indent=1)
+        text = stamped(res, device, started)
         if out:
             out.write_text(text)
         if as_json:

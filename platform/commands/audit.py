@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         if device.startswith("cuda") and not torch.cuda.is_available():
             err.print("[red]error:[/red] --device cuda but no CUDA device is visible")
             raise typer.Exit(2)
-        from lumotree.platform.audits.report import provenance
+        from lumotree.platform.provenance import provenance
 
         names = ["gdn", "model", "sampler"] if which == Which.all else [which.value]
         reports = []

@@ -112,7 +112,7 @@ def run_replay_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from lumotree.platform.actors import ArmHost
-    from lumotree.platform.orchestrator import git_commit
+    from lumotree.platform.provenance import git_commit
     from lumotree.platform.replay import ActorTarget, ReplayTarget, run_replay, summarize_replay
     from lumotree.platform.sweep_config import ArmSpec
 

@@ -37,3 +37,4 @@ def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
     assert rep["trees"]["chain64"]["max_depth"] == 63 and rep["trees"]["bushy64"]["max_depth"] == 3
     assert rep["ratios"]["lumotree_over_ar"] > 0 and "LumoTree/AR" in res.output
     assert rep["ratios"]["lumotree_dv_over_mtp5_dv"] > 0 and rep["draft_vocab"] == 64
+    assert rep["run"]["commit"] and rep["run"]["device"] == "cpu" and rep["run"]["seconds"] >= 0
