@@ -35,10 +35,11 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py ;;
-    decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --json --out "$out/decode_27b.json" ;;
+    decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 110 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
-    arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --json --out "$out/arms_27b.json" ;;
-    audit) run_step audit 130 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
+    arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
+      --out "$out/arms_27b.json" ;;
+    audit) run_step audit 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
     replay) run_step replay 240 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 16 --arms ar,mtp,eagle,lumotree --runs 3 \
       --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;
     *) echo "unknown step $s"; status=1 ;;
