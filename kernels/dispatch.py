@@ -169,12 +169,14 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def gdn_prep(
     src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Conv + SiLU + l2norm + g/beta: the GDN replay operands (q, k, v, g, beta) of every row."""
+    """Conv + SiLU + l2norm + g/beta: the GDN replay operands (q, k, v, g, beta) of every row, written into
+    ``out`` (contiguous fp32 tensors of the operands' shapes) when given."""
     from . import gdn_prep as prep
 
     fn = prep.gdn_prep_triton if use_fused(src) else prep.gdn_prep_ref
-    return fn(src, win_idx, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv)
+    return fn(src, win_idx, conv_w, a, b, A_log, dt_bias, hk, dk, hv, dv, out)
 
 
 def norm_rope(

@@ -32,6 +32,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def gdn_prep_ref(
     src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+    out: Operands | None = None,
 ) -> Operands:  # fmt: skip
     R = win_idx.shape[0]
     mixed = conv_windows(src, win_idx, conv_w)
@@ -41,7 +42,11 @@ def gdn_prep_ref(
     v = v.reshape(R, hv, dv).float()
     beta = torch.sigmoid(b.float())
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
-    return q, k, v, g, beta
+    if out is None:
+        return q, k, v, g, beta
+    for dst, x in zip(out, (q, k, v, g, beta), strict=True):
+        dst.copy_(x)
+    return out
 
 
 @triton.jit
@@ -81,18 +86,29 @@ def _prep_kernel(
             tl.store(K_ + (r * HK + (h - HK)) * DK + d, y, mask=mask)
 
 
+def _operand_buffers(R: int, hk: int, dk: int, hv: int, dv: int, device: torch.device) -> Operands:
+    f32 = torch.float32
+    return (
+        torch.empty(R, hk, dk, dtype=f32, device=device),
+        torch.empty(R, hk, dk, dtype=f32, device=device),
+        torch.empty(R, hv, dv, dtype=f32, device=device),
+        torch.empty(R, hv, dtype=f32, device=device),
+        torch.empty(R, hv, dtype=f32, device=device),
+    )
+
+
 def gdn_prep_triton(
     src: torch.Tensor, win_idx: torch.Tensor, conv_w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, dk: int, hv: int, dv: int,
+    out: Operands | None = None,
 ) -> Operands:  # fmt: skip
     R, W = win_idx.shape
     C = src.shape[1]
-    dev, f32 = src.device, torch.float32
-    q = torch.empty(R, hk, dk, dtype=f32, device=dev)
-    k = torch.empty(R, hk, dk, dtype=f32, device=dev)
-    v = torch.empty(R, hv, dv, dtype=f32, device=dev)
-    g = torch.empty(R, hv, dtype=f32, device=dev)
-    beta = torch.empty(R, hv, dtype=f32, device=dev)
+    q, k, v, g, beta = _operand_buffers(R, hk, dk, hv, dv, src.device) if out is None else out
+    shapes = ((R, hk, dk), (R, hk, dk), (R, hv, dv), (R, hv), (R, hv))
+    for x, shape in zip((q, k, v, g, beta), shapes, strict=True):
+        # the kernel addresses rows densely: a caller's buffer must be exactly that layout
+        assert x.shape == shape and x.dtype == torch.float32 and x.is_contiguous()
     block = triton.next_power_of_2(max(dk, dv))
     _prep_kernel[(R, 2 * hk + hv)](
         src.contiguous(), win_idx.contiguous(), conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
@@ -163,12 +179,7 @@ def gdn_prep_decode_triton(
     S, C = qkv.shape
     W = conv_w.shape[1]
     assert conv_state.is_contiguous() and conv_state.shape[1:] == (C, W - 1) and W >= 2
-    dev, f32 = qkv.device, torch.float32
-    q = torch.empty(S, hk, dk, dtype=f32, device=dev)
-    k = torch.empty(S, hk, dk, dtype=f32, device=dev)
-    v = torch.empty(S, hv, dv, dtype=f32, device=dev)
-    g = torch.empty(S, hv, dtype=f32, device=dev)
-    beta = torch.empty(S, hv, dtype=f32, device=dev)
+    q, k, v, g, beta = _operand_buffers(S, hk, dk, hv, dv, qkv.device)
     block = triton.next_power_of_2(max(dk, dv))
     _prep_decode_kernel[(S, 2 * hk + hv)](
         qkv.contiguous(), conv_state, rows, conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,

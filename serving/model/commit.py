@@ -1,12 +1,15 @@
 """Publish an accepted tree path to all three state surfaces, on the device, without host reads.
 
 ``accepted_rows`` [S, D]: per sequence the accepted path's tree rows (local indices), root (the pending token
-of
-the previous step) first, padded with -1. The next pending token is not in it: it is not state-advanced.
+of the previous step) first, padded with -1. The next pending token is not in it: it is not state-advanced.
+
+Every surface is published for all layers at once (the record stacks the GDN operands [L, ...] and the pools
+are [L, rows, ...]), so the commit is a fixed number of kernels whatever the depth of the model.
 
 - Recurrent: the recorded operands of the path replay through the native decode kernel
-  (``dispatch.gdn_decode``) from the pre-tree state; padded steps carry g = 0, beta = 0, which leave the state
-  bitwise unchanged (exp(0) = 1, u = 0), so the published fp32 state is bitwise that of decoding the path.
+  (``dispatch.gdn_decode``) from the pre-tree state, one launch with layers x sequences as its batch; padded
+  steps carry g = 0, beta = 0, which leave the state bitwise unchanged (exp(0) = 1, u = 0), so the published
+  fp32 state is bitwise that of decoding the path.
 - Conv: the new history is the last (kernel - 1) pre-conv inputs along [old history ; path].
 - KV: the accepted rows' K/V move from their tree slots to the slots of logical positions context_len + j
   (with spine-contiguous slots the common case copies a row onto itself).
@@ -18,14 +21,46 @@ import torch
 
 from ...kernels import dispatch
 from ..cache import StateCaches
-from .record import TreeRecord
+from .record import ReplayStack, TreeRecord
 
 
 def _pad_gather(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """x [R, ...] gathered at rows [S, D] -> [S, D, ...], zero where not valid."""
-    out = x[rows.reshape(-1)].view(*rows.shape, *x.shape[1:])
-    mask = valid.view(*valid.shape, *([1] * (x.dim() - 1)))
-    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
+    """x [L, R, ...] gathered at rows [S, D] -> [L * S, D, ...] (layers folded into the batch), zero where
+    not valid."""
+    L, (S, D) = x.shape[0], rows.shape
+    out = x.index_select(1, rows.reshape(-1)).view(L, S, D, *x.shape[2:])
+    mask = valid.view(1, S, D, *([1] * (x.dim() - 2)))
+    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device)).flatten(0, 1)
+
+
+def _publish_recurrent(
+    ops: ReplayStack, rows: torch.Tensor, valid: torch.Tensor, state_rows: torch.Tensor, pool: torch.Tensor,
+    scale: float,
+) -> None:  # fmt: skip
+    """Replay every layer's path in ONE decode launch: layers x sequences fold into the kernel's batch, whose
+    entries never interact, so each (batch, head) computes exactly what a per-layer launch would."""
+    L, n = pool.shape[:2]
+    # (layer, sequence) -> row of the [L * rows] pool view: dim-0 row copies run twice as fast as dim-1 ones
+    flat_rows = (torch.arange(L, device=pool.device)[:, None] * n + state_rows[None, :]).reshape(-1)
+    flat = pool.view(L * n, *pool.shape[2:])
+    q, k, v, g, beta = (_pad_gather(x, rows, valid) for x in (ops.q, ops.k, ops.v, ops.g, ops.beta))
+    _, final = dispatch.gdn_decode(q, k, v, g, beta, scale, flat.index_select(0, flat_rows))
+    flat.index_copy_(0, flat_rows, final)
+
+
+def _publish_conv(
+    ops: ReplayStack, rows: torch.Tensor, lens: torch.Tensor, state_rows: torch.Tensor, conv: torch.Tensor
+) -> None:
+    """New history of every layer = the last (kernel - 1) pre-conv inputs along [old history ; path]."""
+    L, S, D = conv.shape[0], *rows.shape
+    C, hist = conv.shape[2:]
+    j = lens[:, None] - hist + torch.arange(hist, device=rows.device)[None, :]  # path index of each new tap
+    from_path = (j >= 0).view(1, S, 1, hist)
+    path_row = rows.gather(1, j.clamp(0, D - 1))  # [S, hist]
+    path_tap = ops.conv_in.index_select(1, path_row.reshape(-1)).view(L, S, hist, C).transpose(2, 3)
+    old = conv.index_select(1, state_rows)  # [L, S, C, hist]
+    old_tap = old.gather(3, (j + hist).clamp(0, hist - 1).view(1, S, 1, hist).expand(L, S, C, hist))
+    conv.index_copy_(1, state_rows, torch.where(from_path, path_tap.to(conv.dtype), old_tap))
 
 
 def commit_tree(record: TreeRecord, accepted_rows: torch.Tensor, caches: StateCaches) -> torch.Tensor:
@@ -39,28 +74,9 @@ def commit_tree(record: TreeRecord, accepted_rows: torch.Tensor, caches: StateCa
     valid = acc >= 0
     lens = valid.sum(1)
     rows = batch.cu_seqlens[:-1, None] + acc.clamp_min(0)  # packed row of each path step
-    state_rows = batch.state_rows
-
-    hist = caches.config.linear_conv_kernel_dim - 1
-    j = (
-        lens[:, None] - hist + torch.arange(hist, device=device)[None, :]
-    )  # path index of each new history tap
-    from_path = j >= 0
-    path_row = rows.gather(1, j.clamp(0, D - 1))
-    for li, rep in enumerate(record.layers):
-        pool = caches.recurrent.state[li]
-        _, final = dispatch.gdn_decode(
-            _pad_gather(rep.q, rows, valid), _pad_gather(rep.k, rows, valid), _pad_gather(rep.v, rows, valid),
-            _pad_gather(rep.g, rows, valid), _pad_gather(rep.beta, rows, valid), record.scale,
-            pool.index_select(0, state_rows),
-        )  # fmt: skip
-        pool.index_copy_(0, state_rows, final)
-
-        conv = caches.conv.state[li]
-        old = conv.index_select(0, state_rows).transpose(1, 2)  # [S, hist, C]
-        old_tap = old.gather(1, (j + hist).clamp(0, hist - 1)[..., None].expand(-1, -1, old.shape[-1]))
-        new = torch.where(from_path[..., None], rep.conv_in[path_row].to(conv.dtype), old_tap)
-        conv.index_copy_(0, state_rows, new.transpose(1, 2).contiguous())
+    if record.stack is not None:
+        _publish_recurrent(record.stack, rows, valid, batch.state_rows, caches.recurrent.state, record.scale)
+        _publish_conv(record.stack, rows, lens, batch.state_rows, caches.conv.state)
 
     # KV: every path step j moves from its tree slot to the slot of logical position context_len + j.
     steps = torch.where(valid, torch.arange(D, device=device)[None, :], 0)

@@ -11,7 +11,7 @@ from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
 from .layers import GatedRMSNorm, linear
-from .record import GDNReplay, TreeRecord
+from .record import ReplayStack, TreeRecord
 
 
 class GatedDeltaNet(nn.Module):
@@ -55,13 +55,17 @@ class GatedDeltaNet(nn.Module):
                 qkv, conv_pool, rows, conv_w, a, b, self.A_log, self.dt_bias, *heads
             )
         else:
+            # Tree mode writes its replay operands into the record's stacked buffers (no extra copies).
+            stack = None if record is None else self._replay_stack(record, caches, qkv, S)
             hist = conv_pool.index_select(0, rows).transpose(1, 2).reshape(S * (self.kernel - 1), -1)
-            src = torch.cat([hist.to(qkv.dtype), qkv], dim=0)
+            src_out = None if stack is None else stack.conv_src[li]
+            src = torch.cat([hist.to(qkv.dtype), qkv], dim=0, out=src_out)
             if ctx.conv_last is not None:  # chains advance the conv history to their last rows' window tails
                 tail = src[ctx.conv_win[ctx.conv_last, 1:]]  # [S, hist, C]
                 conv_pool.index_copy_(0, rows, tail.transpose(1, 2).to(conv_pool.dtype))
+            out = None if stack is None else stack.operands(li)
             q, k, v, g, beta = dispatch.gdn_prep(
-                src, ctx.conv_win, conv_w, a, b, self.A_log, self.dt_bias, *heads
+                src, ctx.conv_win, conv_w, a, b, self.A_log, self.dt_bias, *heads, out=out
             )
 
         pool = caches.recurrent.state[li]
@@ -87,7 +91,17 @@ class GatedDeltaNet(nn.Module):
         else:
             assert batch.parents_host is not None
             o = dispatch.gdn_tree_batch(q, k, v, g, beta, batch.parents_host, pool, rows, self.scale)
-            if record is not None:
-                record.layers.append(GDNReplay(q, k, v, g, beta, qkv))
         y = self.norm(o.to(x.dtype), z)
         return linear(y.reshape(R, self.value_dim), self.out_proj)
+
+    def _replay_stack(
+        self, record: TreeRecord, caches: StateCaches, qkv: torch.Tensor, S: int
+    ) -> ReplayStack:
+        """The record's [L, ...] operand buffers, allocated by the forward's first GDN layer."""
+        if record.stack is None:
+            heads = (self.hk, self.dk, self.hv, self.dv)
+            record.stack = ReplayStack.empty(
+                caches.recurrent.state.shape[0], qkv.shape[0], S * (self.kernel - 1), qkv.shape[1], heads,
+                qkv.dtype, qkv.device,
+            )  # fmt: skip
+        return record.stack

@@ -147,6 +147,58 @@ def test_tree_logits_and_commit_equal_decoding_each_path(
                     torch.testing.assert_close(flat[:, slot], rflat[:, slot], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["gdn3_attn1", "alternating"])
+def test_commit_publishes_every_sequence_and_layer_at_once(
+    tiny_checkpoints: dict[str, Path], layout: str
+) -> None:
+    """Three sequences commit paths of different lengths in one call (a deep path, the root alone, a path
+    shorter than the conv history), in a batch order that is not their pool-row order: every GDN layer's
+    state is bitwise its own native replay, conv histories and KV rows land where decoding puts them, and
+    the pool row nobody owns is untouched."""
+    rng = random.Random(3)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 300, (n,), generator=gen).tolist() for n in (6, 4, 8)]
+    model, caches, snap = _setup(tiny_checkpoints[layout], prompts)
+    order = [2, 0, 1]  # batch index b holds sequence order[b] (pool rows 2, 0, 1)
+    trees = [[-1, 0, 1, 2, 3, 2], _random_tree(7, rng), [-1, 0, 0, 2]]
+    paths = [[0, 1, 2, 3, 4], [0], [0, 2]]
+    tokens = [[rng.randrange(300) for _ in t] for t in trees]
+    ctx = [len(prompts[sid]) for sid in order]
+    batch = caches.make_batch("tree", order, tokens, ctx, trees)
+    model(batch, caches)
+    record = model.tree_record
+    assert record is not None and len(record.layers) == len(model.config.gdn_layers)
+    tree_kv = [x.clone() for x in (caches.kv.k, caches.kv.v)]
+    acc = torch.full((3, max(map(len, paths))), -1, dtype=torch.long)
+    for b, path in enumerate(paths):
+        acc[b, : len(path)] = torch.tensor(path)
+
+    lens = model.commit(record, acc, caches)
+
+    assert lens.tolist() == [len(p) for p in paths]
+    hist = caches.conv.state.shape[-1]
+    for b, (sid, path) in enumerate(zip(order, paths, strict=True)):
+        row, base = caches.seqs[sid].state_row, int(batch.cu_seqlens[b])
+        native = _replay_native(record, b, path, snap.t[0][:, row])
+        assert torch.equal(caches.recurrent.state[:, row], native), f"sequence {sid}"
+        expect_conv = torch.stack(
+            [
+                torch.cat([snap.t[1][li, row].T, rep.conv_in[[base + i for i in path]]])[-hist:].T
+                for li, rep in enumerate(record.layers)
+            ]
+        )
+        assert torch.equal(caches.conv.state[:, row], expect_conv), f"sequence {sid}"
+        for j, i in enumerate(path):  # path step j's K/V moved from its tree slot to position ctx + j
+            dst = caches.kv.slot(caches.seqs[sid].blocks, ctx[b] + j)
+            src = int(batch.slot_mapping[base + i])
+            for mine, tree in zip((caches.kv.k, caches.kv.v), tree_kv, strict=True):
+                flat, tflat = (x.view(x.shape[0], -1, *x.shape[3:]) for x in (mine, tree))
+                assert torch.equal(flat[:, dst], tflat[:, src]), f"sequence {sid} step {j}"
+    free = 3  # the fourth pool row belongs to nobody
+    assert torch.equal(caches.recurrent.state[:, free], snap.t[0][:, free])
+    assert torch.equal(caches.conv.state[:, free], snap.t[1][:, free])
+
+
 def _tree_vs_decode_error(path: Path) -> float:
     """Largest |tree-mode logit - decode-mode logit| over every node of two trees (decode = the node's path
     decoded one row at a time from the committed prefix)."""
