@@ -16,6 +16,7 @@ captured against the padding sequence (its replay would otherwise publish twice)
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -208,7 +209,8 @@ class ModelRunner:
         pool = None
         for size in reversed(sizes):
             self._fill([], size)
-            graph, (hidden, logits) = capture(lambda b=self._static_batch(size): self._logits(b), pool)
+            batch = self._static_batch(size)
+            graph, (hidden, logits) = capture(functools.partial(self._logits, batch), pool)
             pool = graph.pool()
             self.graphs[size] = _Graph(graph, logits, hidden)
         self._pool = pool

@@ -46,13 +46,13 @@ class GatedAttention(nn.Module):
                 q, gate, kc, vc, batch.block_tables, ctx.decode_seq_lens, self.scale
             )
         else:
-            out = None
+            fused = None
             if ctx.tree is not None:
-                out = dispatch.gated_tree_attention(
+                fused = dispatch.gated_tree_attention(
                     q, gate, kc, vc, batch.block_tables, batch.context_lens, *ctx.tree, self.scale
                 )
-            if out is not None:
-                return linear(out, self.o_proj)
+            if fused is not None:
+                return linear(fused, self.o_proj)
             assert ctx.seq_bounds is not None and ctx.new_visible is not None
             out = paged_attention_ref(
                 q, kc, vc, batch.block_tables, batch.slot_mapping, ctx.seq_bounds, ctx.new_visible, self.scale

@@ -58,7 +58,9 @@ def _tree_tables(
     start = 0
     width = max(len(p) for p in parents)
     anc = torch.zeros(sum(len(p) for p in parents), width, dtype=torch.int8)
-    row_seq, row_j, vis = [], [], []
+    row_seq: list[int] = []
+    row_j: list[int] = []
+    vis: list[torch.Tensor] = []
     for s, par in enumerate(parents):
         rows.extend(tree_window_index(list(par), hist, s, len(parents), start))
         m = _ancestor_mask(par)
