@@ -50,6 +50,36 @@ def gdn_prep_ref(
 
 
 @triton.jit
+def _head_channels(h, HK, DK, DV, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    """Program h of a row: q heads 0..HK-1, k heads HK..2HK-1, then value heads; its channels of q|k|v."""
+    is_v = h >= 2 * HK
+    hv = h - 2 * HK
+    off = tl.where(is_v, 2 * HK * DK + hv * DV, h * DK)
+    d = tl.arange(0, BLOCK)
+    mask = d < tl.where(is_v, DV, DK)
+    return is_v, hv, d, mask, off + d
+
+
+@triton.jit
+def _store_operands(  # type: ignore[no-untyped-def]
+    act, r, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV,
+):  # fmt: skip
+    """The shared epilogue: v (and the head's g, beta) for value heads, l2-normalised q or k otherwise."""
+    if is_v:
+        tl.store(V_ + (r * HV + hv) * DV + d, act, mask=mask)
+        a = tl.load(A + r * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
+        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
+        tl.store(G + r * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
+        tl.store(BETA + r * HV + hv, tl.sigmoid(tl.load(B + r * HV + hv).to(tl.float32)))
+    else:
+        y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
+        if h < HK:
+            tl.store(Q + (r * HK + h) * DK + d, y, mask=mask)
+        else:
+            tl.store(K_ + (r * HK + (h - HK)) * DK + d, y, mask=mask)
+
+
+@triton.jit
 def _prep_kernel(
     SRC, WIN, CW, A, B, ALOG, DTB, Q, K_, V_, G, BETA,
     C, HK, HV, DK, DV,
@@ -57,13 +87,7 @@ def _prep_kernel(
 ):  # fmt: skip
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    is_v = h >= 2 * HK
-    hv = h - 2 * HK
-    off = tl.where(is_v, 2 * HK * DK + hv * DV, h * DK)
-    D = tl.where(is_v, DV, DK)
-    d = tl.arange(0, BLOCK)
-    mask = d < D
-    ch = off + d
+    is_v, hv, d, mask, ch = _head_channels(h, HK, DK, DV, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for t in tl.static_range(W):
         row = tl.load(WIN + r * W + t)
@@ -71,19 +95,7 @@ def _prep_kernel(
         w = tl.load(CW + ch * W + t, mask=mask, other=0.0).to(tl.float32)
         acc += x * w
     act = (acc * tl.sigmoid(acc)).to(SRC.dtype.element_ty).to(tl.float32)
-    if is_v:
-        tl.store(V_ + (r * HV + hv) * DV + d, act, mask=mask)
-        a = tl.load(A + r * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
-        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        tl.store(G + r * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
-        bb = tl.load(B + r * HV + hv).to(tl.float32)
-        tl.store(BETA + r * HV + hv, tl.sigmoid(bb))
-    else:
-        y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
-        if h < HK:
-            tl.store(Q + (r * HK + h) * DK + d, y, mask=mask)
-        else:
-            tl.store(K_ + (r * HK + (h - HK)) * DK + d, y, mask=mask)
+    _store_operands(act, r, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
 
 
 def _operand_buffers(R: int, hk: int, dk: int, hv: int, dv: int, device: torch.device) -> Operands:
@@ -139,13 +151,7 @@ def _prep_decode_kernel(
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
-    is_v = h >= 2 * HK
-    hv = h - 2 * HK
-    off = tl.where(is_v, 2 * HK * DK + hv * DV, h * DK)
-    D = tl.where(is_v, DV, DK)
-    d = tl.arange(0, BLOCK)
-    mask = d < D
-    ch = off + d
+    is_v, hv, d, mask, ch = _head_channels(h, HK, DK, DV, BLOCK)
     row = tl.load(ROWS + s).to(tl.int64)
     hist_ptr = CS + (row * C + ch) * (W - 1)
     x_new = tl.load(X + s * C + ch, mask=mask, other=0.0)
@@ -158,18 +164,7 @@ def _prep_decode_kernel(
             tl.store(hist_ptr + t - 1, x, mask=mask)
     tl.store(hist_ptr + (W - 2), x_new.to(CS.dtype.element_ty), mask=mask)
     act = (acc * tl.sigmoid(acc)).to(X.dtype.element_ty).to(tl.float32)
-    if is_v:
-        tl.store(V_ + (s * HV + hv) * DV + d, act, mask=mask)
-        a = tl.load(A + s * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
-        sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
-        tl.store(G + s * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
-        tl.store(BETA + s * HV + hv, tl.sigmoid(tl.load(B + s * HV + hv).to(tl.float32)))
-    else:
-        y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
-        if h < HK:
-            tl.store(Q + (s * HK + h) * DK + d, y, mask=mask)
-        else:
-            tl.store(K_ + (s * HK + (h - HK)) * DK + d, y, mask=mask)
+    _store_operands(act, s, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
 
 
 def gdn_prep_decode_triton(
