@@ -52,7 +52,8 @@ class RunnerConfig:
     graph_batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     """Decode batch sizes to capture (clipped to max_seqs; max_seqs is always included)."""
     max_tree_graphs: int = 16
-    """Tree topologies captured for verification and commit; further ones run eagerly."""
+    """Tree topologies captured for verification and commit; further ones run eagerly. The drafting and walk
+    graphs (one per batch structure each, a few widths for drafting) get four times as many entries."""
 
 
 @dataclass
@@ -97,7 +98,9 @@ class ModelRunner:
         self._pool: tuple[int, int] | None = None
         self._last_tree: _TreeGraph | None = None
         self.fn_graphs = (
-            StaticGraphs(self.tree_capture, lambda: self._pool, self.disable_capture, config.max_tree_graphs)
+            StaticGraphs(
+                self.tree_capture, lambda: self._pool, self.disable_capture, 4 * config.max_tree_graphs
+            )
             if self.static
             else None
         )
