@@ -93,10 +93,11 @@ def resolve_dtype(dtype: torch.dtype | str | None, config: ModelConfig) -> torch
 
 
 def build_empty(config: ModelConfig, device: torch.device | str, dtype: torch.dtype) -> HybridModel:
-    """An uninitialised model allocated once, directly on ``device`` in ``dtype`` (no fp32 CPU copy)."""
+    """An uninitialised model allocated once, directly on ``device`` in ``dtype`` (no fp32 CPU copy), its
+    projections fused (loading copies each checkpoint tensor into its view of the fused blocks)."""
     with torch.device("meta"):
         model = HybridModel(config)
-    return model.to(dtype).to_empty(device=device)
+    return model.to(dtype).to_empty(device=device).fuse_projections()
 
 
 def load_model(

@@ -11,7 +11,7 @@ from ...kernels.attention import paged_attention_ref, write_kv
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import RMSNorm, linear
+from .layers import FusedLinears, RMSNorm, linear, project
 
 
 class GatedAttention(nn.Module):
@@ -28,16 +28,24 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.hq * self.d, c.hidden_size, bias=c.attention_bias)
         self.q_norm = RMSNorm(self.d, c.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, c.rms_norm_eps)
+        self.fused: FusedLinears | None = None
+
+    def fuse(self) -> None:
+        """q|k|v as one GEMM (``layers.FusedLinears``); projections with a bias stay separate."""
+        if self.q_proj.bias is None:
+            self.fused = FusedLinears([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches) -> torch.Tensor:
         R = x.shape[0]
         batch = ctx.batch
-        qg = linear(x, self.q_proj).view(R, self.hq, 2 * self.d)
+        qg, k, v = project(x, [self.q_proj, self.k_proj, self.v_proj], self.fused)
+        qg = qg.view(R, self.hq, 2 * self.d)
         q_raw, gate = qg[..., : self.d], qg[..., self.d :]
         q = dispatch.norm_rope(q_raw, self.q_norm.weight, ctx.cos, ctx.sin, self.q_norm.eps)
-        k = linear(x, self.k_proj).view(R, self.hkv, self.d)
-        k = dispatch.norm_rope(k, self.k_norm.weight, ctx.cos, ctx.sin, self.k_norm.eps)
-        v = linear(x, self.v_proj).view(R, self.hkv, self.d)
+        k = dispatch.norm_rope(
+            k.view(R, self.hkv, self.d), self.k_norm.weight, ctx.cos, ctx.sin, self.k_norm.eps
+        )
+        v = v.view(R, self.hkv, self.d)
         kc, vc = caches.kv.k[self.kv_index], caches.kv.v[self.kv_index]
         write_kv(kc, vc, k, v, batch.slot_mapping)
         if batch.mode == "decode":

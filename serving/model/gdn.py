@@ -10,7 +10,7 @@ from ...kernels import dispatch
 from ..cache import StateCaches
 from ..config import ModelConfig
 from .context import ForwardContext
-from .layers import GatedRMSNorm, linear
+from .layers import FusedLinears, GatedRMSNorm, linear, project
 from .record import ReplayStack, TreeRecord
 
 
@@ -34,6 +34,14 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(torch.ones(self.hv))
         self.norm = GatedRMSNorm(self.dv, c.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, c.hidden_size, bias=False)
+        self.fused: FusedLinears | None = None
+
+    def _projections(self) -> list[nn.Linear]:
+        return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
+
+    def fuse(self) -> None:
+        """The four input projections as one GEMM (``layers.FusedLinears``)."""
+        self.fused = FusedLinears(self._projections())
 
     def forward(
         self, x: torch.Tensor, ctx: ForwardContext, caches: StateCaches, record: TreeRecord | None
@@ -42,10 +50,8 @@ class GatedDeltaNet(nn.Module):
         R, S = x.shape[0], batch.num_seqs
         li = self.pool_index
         rows = batch.state_rows
-        qkv = linear(x, self.in_proj_qkv)
-        z = linear(x, self.in_proj_z).view(R, self.hv, self.dv)
-        b = linear(x, self.in_proj_b)
-        a = linear(x, self.in_proj_a)
+        qkv, z, b, a = project(x, self._projections(), self.fused)
+        z = z.view(R, self.hv, self.dv)
 
         conv_pool = caches.conv.state[li]
         conv_w = self.conv1d.weight[:, 0, :]

@@ -17,6 +17,42 @@ def linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     return layer(x)
 
 
+class FusedLinears:
+    """Bias-free projections of one input whose weights live as row blocks of ONE matrix, so that a step runs
+    one GEMM (one launch, one pass over x) instead of one per projection: vLLM's merged qkv / gate_up, kept
+    under the checkpoint's own parameter names (each layer's weight is a view of the block)."""
+
+    def __init__(self, layers: list[nn.Linear]) -> None:
+        assert layers and all(la.bias is None for la in layers), "only bias-free projections fuse"
+        w0 = layers[0].weight
+        assert all(la.weight.shape[1] == w0.shape[1] for la in layers)
+        self.weight = torch.empty(sum(la.out_features for la in layers), w0.shape[1], dtype=w0.dtype,
+                                  device=w0.device)  # fmt: skip
+        self.sizes = [la.out_features for la in layers]
+        self.layers = layers
+        start = 0
+        with torch.no_grad():
+            for la, n in zip(layers, self.sizes, strict=True):
+                self.weight[start : start + n].copy_(la.weight)
+                la.weight = nn.Parameter(self.weight[start : start + n], requires_grad=False)
+                start += n
+
+        self._ptrs = [la.weight.data_ptr() for la in layers]
+
+    def intact(self) -> bool:
+        """False once a layer's weight was replaced (e.g. ``module.to``): the block is then stale."""
+        return all(la.weight.data_ptr() == p for la, p in zip(self.layers, self._ptrs, strict=True))
+
+
+def project(x: torch.Tensor, layers: list[nn.Linear], fused: FusedLinears | None) -> list[torch.Tensor]:
+    """Each layer applied to x: one GEMM over the fused block when there is an intact one."""
+    if fused is None or not fused.intact():
+        return [linear(x, la) for la in layers]
+    w = fused.weight
+    y = invariant_linear(x, w, None) if batch_invariant_enabled() else torch.nn.functional.linear(x, w)
+    return list(y.split(fused.sizes, dim=-1))
+
+
 class RMSNorm(nn.Module):
     """Zero-centred RMSNorm: y = x / rms(x) * (1 + w), computed in fp32, cast back (Qwen3.5 convention)."""
 
@@ -54,9 +90,15 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=False)
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.fused: FusedLinears | None = None
+        """gate|up as one GEMM (``fuse``)."""
+
+    def fuse(self) -> None:
+        self.fused = FusedLinears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(dispatch.silu_mul(linear(x, self.gate_proj), linear(x, self.up_proj)), self.down_proj)
+        gate, up = project(x, [self.gate_proj, self.up_proj], self.fused)
+        return linear(dispatch.silu_mul(gate, up), self.down_proj)
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -97,6 +97,16 @@ class HybridModel(nn.Module):
         self.tree_record: TreeRecord | None = None
         """The replay operands of the latest tree-mode forward."""
 
+    def fuse_projections(self) -> HybridModel:
+        """Give every layer's same-input projections one weight block each (GDN qkv|z|b|a, attention q|k|v,
+        MLP gate|up): fewer, larger GEMMs per step. Call once the weights sit on their device in their dtype
+        (a later ``.to`` un-fuses them: the layers notice and run separately)."""
+        for m in self.modules():
+            fuse = getattr(m, "fuse", None) if m is not self else None
+            if callable(fuse):
+                fuse()
+        return self
+
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype

@@ -176,3 +176,36 @@ def test_engine_dtype_default_is_float32_on_cpu() -> None:
         cfg = EngineConfig(model="tiny", device="cpu", dtype=dtype, max_seqs=1, max_model_len=64)
         engine = Engine.from_config(cfg)
         assert engine.model.dtype == want and engine.caches.dtype == want
+
+
+def test_loaded_projections_are_fused_views_and_match_separate_gemms(
+    tiny_checkpoints: dict[str, Path],
+) -> None:
+    """Loading fills one weight block per projection group (checkpoint names kept as views); the fused GEMM
+    gives the separate projections' results, and replacing a weight (``.to``) falls back to them."""
+    from lumotree.serving.cache import CacheConfig, StateCaches
+
+    path = tiny_checkpoints["gdn3_attn1"]
+    model, cfg = load_model(path)
+    ref = load_file(str(path / "model.safetensors"))
+    fused = [m.fused for m in model.modules() if getattr(m, "fused", None) is not None]
+    assert len(fused) == 2 * (len(cfg.layer_types) + cfg.mtp_num_hidden_layers) and all(
+        f.intact() for f in fused
+    )
+    gdn = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNet")
+    assert gdn.in_proj_z.weight.data_ptr() == gdn.fused.weight[gdn.in_proj_qkv.out_features].data_ptr()
+    assert any(torch.equal(gdn.in_proj_z.weight, t) for k, t in ref.items() if k.endswith("in_proj_z.weight"))
+
+    def logits() -> torch.Tensor:
+        caches = StateCaches(cfg, CacheConfig(max_seqs=2, num_blocks=8, block_size=16))
+        caches.allocate(0, 5)
+        caches.allocate(1, 2)
+        batch = caches.make_batch("prefill", [0, 1], [[1, 2, 3, 4, 5], [6, 7]], [0, 0])
+        return model.compute_logits(model(batch, caches))
+
+    got = logits()
+    for f in fused:  # un-fuse: every layer gets its own copy of its rows
+        for la in f.layers:
+            la.weight = torch.nn.Parameter(la.weight.detach().clone(), requires_grad=False)
+    assert not any(f.intact() for f in fused)
+    torch.testing.assert_close(got, logits(), rtol=1e-5, atol=1e-5)
