@@ -172,7 +172,11 @@ class EagleLayer(nn.Module):
         )
         state = load_file(str(p / "model.safetensors"))
         layer.load_state_dict(state, strict=True)
-        return layer.to(device=device, dtype=dtype).eval()
+        from ..model.layers import fuse_projections
+
+        layer = layer.to(device=device, dtype=dtype).eval()
+        fuse_projections(layer)
+        return layer
 
 
 def random_eagle_layer(target_config: Any, device: torch.device | str, dtype: torch.dtype, std: float = 0.02,
@@ -188,6 +192,9 @@ def random_eagle_layer(target_config: Any, device: torch.device | str, dtype: to
     with torch.no_grad():
         for p in layer.parameters():
             _ = p.zero_() if p.dim() == 1 else p.normal_(0.0, std)
+    from ..model.layers import fuse_projections
+
+    fuse_projections(layer)
     return layer.eval()
 
 

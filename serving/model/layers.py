@@ -44,6 +44,15 @@ class FusedLinears:
         return all(la.weight.data_ptr() == p for la, p in zip(self.layers, self._ptrs, strict=True))
 
 
+def fuse_projections(root: nn.Module) -> None:
+    """Fuse the same-input projections of every submodule that can (their ``fuse()``), once the weights sit
+    on their device in their dtype (a later ``.to`` un-fuses them: the layers notice and run separately)."""
+    for m in root.modules():
+        fuse = getattr(m, "fuse", None) if m is not root else None
+        if callable(fuse):
+            fuse()
+
+
 def project(x: torch.Tensor, layers: list[nn.Linear], fused: FusedLinears | None) -> list[torch.Tensor]:
     """Each layer applied to x: one GEMM over the fused block when there is an intact one."""
     if fused is None or not fused.intact():

@@ -12,7 +12,7 @@ from .attention import GatedAttention
 from .commit import commit_tree
 from .context import ForwardContext, build_context
 from .gdn import GatedDeltaNet
-from .layers import MLP, RMSNorm, linear, rope_inv_freq
+from .layers import MLP, RMSNorm, fuse_projections, linear, rope_inv_freq
 from .record import TreeRecord
 
 
@@ -99,12 +99,8 @@ class HybridModel(nn.Module):
 
     def fuse_projections(self) -> HybridModel:
         """Give every layer's same-input projections one weight block each (GDN qkv|z|b|a, attention q|k|v,
-        MLP gate|up): fewer, larger GEMMs per step. Call once the weights sit on their device in their dtype
-        (a later ``.to`` un-fuses them: the layers notice and run separately)."""
-        for m in self.modules():
-            fuse = getattr(m, "fuse", None) if m is not self else None
-            if callable(fuse):
-                fuse()
+        MLP gate|up): fewer, larger GEMMs per step (see ``layers.fuse_projections``)."""
+        fuse_projections(self)
         return self
 
     @property
