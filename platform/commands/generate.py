@@ -10,6 +10,7 @@ import typer
 from lumotree.platform.engine_options import (
     ArmOpt,
     DeviceOpt,
+    DraftVocabOpt,
     DtypeOpt,
     MaxLenOpt,
     ModelOpt,
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
         ignore_eos: Annotated[bool, typer.Option(help="Generate past EOS (benchmarks).")] = False,
         mtp_k: MtpKOpt = 5,
         tree: TreeOpt = "hydra27",
+        draft_vocab: DraftVocabOpt = 0,
         device: DeviceOpt = None,
         dtype: DtypeOpt = None,
         max_model_len: MaxLenOpt = 4096,
@@ -53,7 +55,7 @@ def register(app: typer.Typer) -> None:
                 temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
                 presence_penalty=presence_penalty, max_tokens=max_tokens, seed=seed, ignore_eos=ignore_eos,
             )  # fmt: skip
-            config = engine_config(model, arm, mtp_k, tree, device, dtype, max_model_len, max_seqs=1)
+            config = engine_config(model, arm, mtp_k, tree, device, dtype, max_model_len, 1, draft_vocab)
             with err.status(f"loading {model}"):
                 llm = LLM(config)
             result: GenerationResult

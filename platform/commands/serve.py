@@ -9,6 +9,7 @@ import typer
 from lumotree.platform.engine_options import (
     ArmOpt,
     DeviceOpt,
+    DraftVocabOpt,
     DtypeOpt,
     MaxLenOpt,
     ModelOpt,
@@ -28,6 +29,7 @@ def register(app: typer.Typer) -> None:
         max_seqs: Annotated[int, typer.Option(help="Requests decoded together (continuous batching).")] = 16,
         mtp_k: MtpKOpt = 5,
         tree: TreeOpt = "hydra27",
+        draft_vocab: DraftVocabOpt = 0,
         device: DeviceOpt = None,
         dtype: DtypeOpt = None,
         max_model_len: MaxLenOpt = 4096,
@@ -39,7 +41,9 @@ def register(app: typer.Typer) -> None:
         try:
             from lumotree.serving.server import serve as run_server
 
-            config = engine_config(model, arm, mtp_k, tree, device, dtype, max_model_len, max_seqs)
+            config = engine_config(
+                model, arm, mtp_k, tree, device, dtype, max_model_len, max_seqs, draft_vocab
+            )
             run_server(config, host=host, port=port)
         except (ValueError, FileNotFoundError, OSError) as e:
             err.print(f"[red]error:[/red] {e}")

@@ -87,3 +87,17 @@ def test_generate_builtin_lumotree_accepts_several_tokens_per_step() -> None:
     assert got["accepted_per_step"] > 0
     assert got["accepted_per_step"] == pytest.approx(got["accepted_tokens"] / (got["steps"] - 1))
     assert got["tokens_per_step"] == pytest.approx(got["num_tokens"] / got["steps"])
+
+
+def test_generate_draft_vocab_keeps_the_greedy_text() -> None:
+    """``--draft-vocab`` narrows what the drafter may propose; greedy output stays the AR output."""
+    prompt = "x = 1\ny = 2\n" * 4
+    outs = {}
+    for extra in ([], ["--draft-vocab", "512"]):
+        code, out = run_cli("--model", "tiny", "--arm", "mtp", "--prompt", prompt, "--max-tokens", "12",
+                            "--device", "cpu", "--ignore-eos", "--json", *extra)  # fmt: skip
+        assert code == 0, out
+        outs[bool(extra)] = json.loads(out.strip().splitlines()[-1])
+    assert outs[True]["token_ids"] == outs[False]["token_ids"]
+    code, out = run_cli("--model", "tiny", "--prompt", "x", "--device", "cpu", "--draft-vocab", "-1")
+    assert code == 2 and "draft-vocab" in out
