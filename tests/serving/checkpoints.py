@@ -66,25 +66,32 @@ def write_checkpoint(
 ) -> Path:
     """Save a random transformers model to ``path`` (config.json + model.safetensors); with ``mtp`` add random
     ``mtp.*`` tensors (one full-attention layer) and ``mtp_num_hidden_layers: 1``. Returns ``path``."""
-    from safetensors.torch import load_file, save_file
-
     cfg = tiny_config_dict(layer_types, tie=tie)
     model = hf_model(cfg, seed)
     model.save_pretrained(path, safe_serialization=True)
     if mtp:
-        tensors = load_file(str(path / "model.safetensors"))
-        gen = torch.Generator().manual_seed(seed + 7)
-        layer = {k[len("model.layers.3.") :]: v for k, v in _attn_layer_shapes(cfg).items()}
-        extra = {"mtp.fc.weight": (64, 128), "mtp.pre_fc_norm_embedding.weight": (64,),
-                 "mtp.pre_fc_norm_hidden.weight": (64,), "mtp.norm.weight": (64,)}  # fmt: skip
-        extra.update({f"mtp.layers.0.{k}": v for k, v in layer.items()})
-        for k, shape in extra.items():
-            tensors[k] = torch.randn(shape, generator=gen) * (0.2 if len(shape) == 1 else 0.08)
-        save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-        raw = json.loads((path / "config.json").read_text())
-        raw["mtp_num_hidden_layers"] = 1
-        (path / "config.json").write_text(json.dumps(raw))
+        add_mtp_weights(path, cfg, torch.Generator().manual_seed(seed + 7))
     return path
+
+
+def add_mtp_weights(path: Path, cfg: dict, gen: torch.Generator) -> dict:
+    """Add random ``mtp.*`` tensors (one full-attention layer) to the checkpoint at ``path`` and set
+    ``mtp_num_hidden_layers: 1`` in its config; returns the new config."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path / "model.safetensors"))
+    h = cfg["hidden_size"]
+    layer = {k[len("model.layers.3.") :]: v for k, v in _attn_layer_shapes(cfg).items()}
+    extra = {"mtp.fc.weight": (h, 2 * h), "mtp.pre_fc_norm_embedding.weight": (h,),
+             "mtp.pre_fc_norm_hidden.weight": (h,), "mtp.norm.weight": (h,)}  # fmt: skip
+    extra.update({f"mtp.layers.0.{k}": v for k, v in layer.items()})
+    for k, shape in extra.items():
+        tensors[k] = torch.randn(shape, generator=gen) * (0.2 if len(shape) == 1 else 0.08)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    raw = json.loads((path / "config.json").read_text())
+    raw["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(raw))
+    return dict(raw)
 
 
 def _attn_layer_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
