@@ -124,6 +124,33 @@ def test_static_sampled_walk_equals_eager(model, ckpt, arm: str) -> None:
     assert eng.runner.fn_graphs is not None and any(k[0] == "walk" for k in eng.runner.fn_graphs.entries)
 
 
+def test_topologies_beyond_the_graph_budget_run_eagerly(model, ckpt) -> None:
+    """Tree shapes change as requests finish (batch 4, 2, 1): past the budget of per-topology buffers the verifier,
+    walk and drafter fall back to eager calls, and the outputs stay AR's."""
+    import dataclasses
+
+    want = [r.output_ids for r in run(model, ckpt, "ar", 4, 40).results]
+    name, opts = ARMS["adaptive"]
+    cfg = EngineConfig(arm=name, arm_options=opts, max_seqs=4, max_model_len=104, static_decode=True)
+    eng = Engine(model, None, cfg)
+    eng.runner.config = dataclasses.replace(eng.runner.config, max_tree_graphs=1)
+    assert eng.runner.fn_graphs is not None
+    eng.runner.fn_graphs.max_entries = 2
+    shapes: set = set()
+    forward = eng.runner.tree_forward
+
+    def recording(batch):  # type: ignore[no-untyped-def]
+        shapes.add(tuple(map(tuple, batch.parents_host)))
+        return forward(batch)
+
+    eng.runner.tree_forward = recording  # type: ignore[method-assign]
+    eng.results = eng.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    assert [r.output_ids for r in eng.results] == want
+    assert len(shapes) > 1, "more tree shapes than the budget, or this test means nothing"
+    assert len(eng.runner.tree_graphs) == 1 and len(eng.runner.fn_graphs.entries) == 2
+    eng.check_no_leaks()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 4])
 @pytest.mark.parametrize("arm", list(ARMS))
