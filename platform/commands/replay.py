@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
             None, help="Engine device, cuda or cpu (default: cuda when available)."
         ),
         mtp_k: int | None = typer.Option(None, help="Draft length of the mtp arm."),
+        draft_vocab: int | None = typer.Option(
+            None, min=0, help="Speculative arms draft among the first N token ids only (0 = all)."
+        ),
         use_ray: bool = typer.Option(
             True, "--ray/--no-ray", help="Host arms in Ray actors, or in this process."
         ),
@@ -76,7 +79,9 @@ def register(app: typer.Typer) -> None:
                 return
         arm_names = [a.strip() for a in arms.split(",") if a.strip()]
         options: dict[str, Any] = {
-            k: v for k, v in {"device": device, "mtp_k": mtp_k}.items() if v is not None
+            k: v
+            for k, v in {"device": device, "mtp_k": mtp_k, "draft_vocab": draft_vocab}.items()
+            if v is not None
         }
         settings = {
             "arms": arm_names,

@@ -61,6 +61,9 @@ def register(app: typer.Typer) -> None:
             None, help="Engine device, cuda or cpu (default: cuda when available)."
         ),
         mtp_k: int | None = typer.Option(None, help="Draft length of the mtp arm (1/3/5/7)."),
+        draft_vocab: int | None = typer.Option(
+            None, min=0, help="Speculative arms draft among the first N token ids only (0 = all)."
+        ),
         sandboxes: int = typer.Option(2, min=1, help="Attempts running at once."),
         arm_concurrency: int = typer.Option(1, min=1, help="Attempts running at once per arm."),
         max_tries: int = typer.Option(3, min=1, help="Tries per attempt after infrastructure failures."),
@@ -85,7 +88,9 @@ def register(app: typer.Typer) -> None:
             config = SweepConfig.model_validate(row.config)
         else:
             options: dict[str, Any] = {
-                k: v for k, v in {"device": device, "mtp_k": mtp_k}.items() if v is not None
+                k: v
+                for k, v in {"device": device, "mtp_k": mtp_k, "draft_vocab": draft_vocab}.items()
+                if v is not None
             }
             specs = [
                 {"name": a, "model": model, "options": options}

@@ -89,3 +89,25 @@ def test_replay_on_engine_arms(checkpoint: Path, tmp_path: Path) -> None:
     with store.session() as s:
         detail = queries.replay_detail(s, replay_id)
     assert detail is not None and len(detail["results"]) == 3 * len(arms)
+
+
+def test_replay_cli_passes_arm_options_to_the_engine(tmp_path: Path) -> None:
+    """``lumotree replay --mtp-k 2 --draft-vocab 64`` on the built-in model: the options reach the arm (its
+    step drafts two tokens) and the report records them."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from lumotree.platform.cli import app
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "a", "prompt_token_ids": [5, 6, 7, 8] * 3}) + "\n")
+    args = ["replay", "--corpus", str(corpus), "--arms", "mtp", "--runs", "1", "--max-tokens", "6",
+            "--ignore-eos", "--no-ray", "--device", "cpu", "--mtp-k", "2", "--draft-vocab", "64",
+            "--db", f"sqlite:///{tmp_path / 'r.db'}", "--out", str(tmp_path / "r.json")]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["config"]["options"] == {"device": "cpu", "mtp_k": 2, "draft_vocab": 64}
+    run = report["runs"][0]
+    assert run["arm"] == "mtp" and run["extra"]["draft_tokens"] == 2 * run["extra"]["drafts"] > 0
