@@ -79,12 +79,13 @@ def test_concurrent_claims_never_share_an_attempt(store: Store) -> None:
 
 def test_expired_lease_is_reclaimed_and_stale_owner_is_fenced(store: Store) -> None:
     sweep, _, _ = _sweep(store, arms=1, tasks=1, attempts=1)
-    dead = store.claim_attempt(sweep, "dead", lease_seconds=0.2)
+    # The lease must outlive the writes below even on a loaded 2-core machine, then expire for real.
+    dead = store.claim_attempt(sweep, "dead", lease_seconds=1.5)
     assert dead is not None
     store.record_request(dead.attempt_id, RequestRecord(index=0, completion_tokens=5))
     store.record_event(dead.attempt_id, "message", {"role": "assistant", "content": "half"})
     assert store.claim_attempt(sweep, "alive") is None  # lease still live
-    time.sleep(0.3)
+    time.sleep(1.6)
     alive = store.claim_attempt(sweep, "alive")
     assert alive is not None and alive.attempt_id == dead.attempt_id and alive.tries == 2
     # The dead try's partial trace is gone; the stale owner can no longer write a result or renew.
