@@ -140,6 +140,8 @@ class FeatureDrafter:
         """Extend (padded to ``width`` rows per request) + chain on fixed shapes, through ``self.graphs``."""
         assert self.graphs is not None
         S, depth = len(ids), self.config.depth
+        for sid, c in zip(ids, ctxs, strict=True):  # the chain passes write KV up to ctx + depth - 2
+            self.caches.extend(sid, c + depth - 1)
         chain = [-1, *range(width - 1)]
         ext = self.caches.make_batch(
             "tree", ids, [p.tokens + [0] * (width - len(p.tokens)) for p in pend], [p.start for p in pend],

@@ -94,7 +94,7 @@ def test_greedy_equals_ar_short_batch4(model, ckpt, arm: str) -> None:
     _check(run(model, ckpt, arm, 4, 64), want, arm)
 
 
-@pytest.mark.parametrize("arm", ["mtp3", "lumotree", "adaptive"])
+@pytest.mark.parametrize("arm", ["mtp3", "eagle", "lumotree", "adaptive"])
 def test_static_tree_buffers_equal_ar(model, ckpt, arm: str) -> None:
     """The graph-shaped verify path (static per-topology buffers, run eagerly on the CPU) is the eager one."""
     want = [r.output_ids for r in run(model, ckpt, "ar", 4, 48).results]
@@ -219,3 +219,28 @@ def _recording(draft, seen: list):
         return d
 
     return wrapped
+
+
+@pytest.mark.parametrize("accepted", [1, 4, 8])
+def test_static_drafting_grows_kv_room_for_the_chain(model, ckpt, accepted: int) -> None:
+    """The chain passes write KV past the extend rows (up to ctx + depth - 2): fixed-shape drafting must
+    reserve those blocks itself, also when a block boundary falls between them, and draft as the eager path."""
+    name, opts = ARMS["eagle"]
+    cfg = EngineConfig(arm=name, arm_options={**opts, "eagle_path": str(ckpt / "eagle")}, max_seqs=1,
+                       max_model_len=128, static_decode=True)  # fmt: skip
+    drafter = Engine(model, None, cfg).arm.drafter
+    hidden = model.config.hidden_size
+    start = 2 * drafter.caches.block_size - accepted - 1  # rows end one short of a block boundary
+    feats = torch.randn(start + accepted, hidden, generator=torch.Generator().manual_seed(accepted))
+    toks = [(7 * i + 3) % 200 for i in range(start + accepted)]
+    graphs = drafter.graphs
+    got = []
+    for static in (True, False):
+        drafter.graphs = graphs if static else None
+        drafter.feed("s", 0, toks[:start], feats[:start])
+        drafter.draft(["s"], [start])
+        drafter.feed("s", start, toks[start:], feats[start:])
+        got.append(drafter.draft(["s"], [start + accepted]))
+        drafter.release("s")
+    assert torch.equal(got[0].tokens, got[1].tokens)
+    torch.testing.assert_close(got[0].probs, got[1].probs)
