@@ -125,8 +125,8 @@ def test_static_sampled_walk_equals_eager(model, ckpt, arm: str) -> None:
 
 
 def test_topologies_beyond_the_graph_budget_run_eagerly(model, ckpt) -> None:
-    """Tree shapes change as requests finish (batch 4, 2, 1): past the budget of per-topology buffers the verifier,
-    walk and drafter fall back to eager calls, and the outputs stay AR's."""
+    """Tree shapes change as requests finish (batch 4, 2, 1): past the budget of per-topology buffers the
+    verifier, walk and drafter fall back to eager calls, and the outputs stay AR's."""
     import dataclasses
 
     want = [r.output_ids for r in run(model, ckpt, "ar", 4, 40).results]
@@ -224,7 +224,8 @@ def _recording(draft, seen: list):
 @pytest.mark.parametrize("accepted", [1, 4, 8])
 def test_static_drafting_grows_kv_room_for_the_chain(model, ckpt, accepted: int) -> None:
     """The chain passes write KV past the extend rows (up to ctx + depth - 2): fixed-shape drafting must
-    reserve those blocks itself, also when a block boundary falls between them, and draft as the eager path."""
+    reserve those blocks itself, also when a block boundary falls between them, and draft as the eager
+    path does."""
     name, opts = ARMS["eagle"]
     cfg = EngineConfig(arm=name, arm_options={**opts, "eagle_path": str(ckpt / "eagle")}, max_seqs=1,
                        max_model_len=128, static_decode=True)  # fmt: skip
