@@ -22,7 +22,11 @@ def git_commit(paths: Sequence[str] = ()) -> str | None:
     """HEAD of the checkout, with "+dirty" when tracked files (under ``paths`` when given) differ from it.
 
     A copy without git metadata may carry the commit in a ``.commit`` file at its root; None when neither
-    exists."""
+    exists. ``LUMOTREE_COMMIT`` overrides both: scripts that run a copied tree whose git metadata may lag
+    behind its files set it."""
+    pinned = os.environ.get("LUMOTREE_COMMIT", "").strip()
+    if pinned:
+        return pinned[:12]
     try:
         head = subprocess.run(
             ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],

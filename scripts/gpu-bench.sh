@@ -16,6 +16,8 @@ lt=(python3 -m lumotree.platform.cli)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target "$pkgroot/site" .whl/*.whl && export PYTHONPATH="$PYTHONPATH:$pkgroot/site"
 fi
+# Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
+[ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
 steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests decode gdn arms audit replay)
 status=0
 run_step() {  # name cap command...
@@ -36,7 +38,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py tests/serving/test_graphs.py tests/serving/test_walk_static.py ;;
     decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused --json --out "$out/decode_27b.json" ;;
-    gdn) run_step gdn 110 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
+    gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
     audit) run_step audit 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
