@@ -3,7 +3,8 @@
 All arms decode the same prompts with the same per-request seeds, passes interleaved by run (run 0 of every
 arm, then run 1 ...) so drift of the machine hits every arm alike. Rates are pooled as the paper pools them:
 total generated tokens over total decode seconds; acceptance as vLLM counts it (length = 1 + accepted /
-drafts; the per-position rate = accepted at depth d / drafts).
+drafts; the per-position rate = accepted at depth d / drafts). Untimed warm-up passes come first, so one-time
+costs of a first pass (compilation, graph capture) stay out of the timed runs.
 """
 
 from __future__ import annotations
@@ -153,28 +154,45 @@ def run_replay(
     targets: dict[str, ReplayTarget],
     *,
     runs: int = 3,
+    warmup: int = 1,
     max_tokens: int = 1024,
     ignore_eos: bool = False,
     seed: int = 0,
     on_request: Callable[[str, int, int], None] | None = None,
+    on_warmup: Callable[[str, int, int], None] | None = None,
 ) -> list[RunResult]:
-    """Every arm over the whole corpus ``runs`` times, interleaved by run; results in (run, arm) order."""
+    """Every arm over the whole corpus ``runs`` times, interleaved by run; results in (run, arm) order.
+
+    First ``warmup`` untimed passes per arm (same requests, same seeds), whose results are dropped: the first
+    pass over a corpus pays one-time costs (kernel compilation, graph capture of new shapes) that would
+    otherwise land in run 0 and skew the pooled rates and the ratios between arms. ``on_warmup`` and
+    ``on_request`` get ``(arm, pass or run index, request index)`` after each request."""
     import time
 
     assert corpus and targets and runs >= 1
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, not {warmup}")
+
+    def one_pass(arm: str, index: int, done: Callable[[str, int, int], None] | None) -> DecodeStats:
+        total = DecodeStats()
+        for i, req in enumerate(corpus):
+            out = targets[arm].generate(
+                req.prompt_token_ids, replay_sampling(req.sampling, max_tokens, seed + i, ignore_eos)
+            )
+            total = total + DecodeStats.from_dict(out["stats"])
+            if done:
+                done(arm, index, i)
+        return total
+
+    for w in range(warmup):
+        for arm in targets:
+            one_pass(arm, w, on_warmup)
     results = []
     for run in range(runs):
-        for arm, target in targets.items():
-            total = DecodeStats()
+        for arm in targets:
             start = time.monotonic()
-            for i, req in enumerate(corpus):
-                out = target.generate(
-                    req.prompt_token_ids, replay_sampling(req.sampling, max_tokens, seed + i, ignore_eos)
-                )
-                total = total + DecodeStats.from_dict(out["stats"])
-                if on_request:
-                    on_request(arm, run, i)
-            results.append(RunResult(arm, run, total, len(corpus), time.monotonic() - start))
+            stats = one_pass(arm, run, on_request)
+            results.append(RunResult(arm, run, stats, len(corpus), time.monotonic() - start))
     return results
 
 

@@ -25,6 +25,9 @@ def register(app: typer.Typer) -> None:
         export_only: bool = typer.Option(False, help="Write --export-corpus and stop."),
         arms: str = typer.Option("ar,mtp,eagle,lumotree", help="Arms to replay on, comma separated."),
         runs: int = typer.Option(3, min=1, help="Passes over the corpus per arm (interleaved by run)."),
+        warmup: int = typer.Option(
+            1, min=0, help="Untimed passes per arm before the timed runs (compile, capture graphs); 0: none."
+        ),
         max_tokens: int = typer.Option(1024, min=1, help="Completion tokens per request."),
         ignore_eos: bool = typer.Option(False, help="Always generate max_tokens (equal work per arm)."),
         seed: int = typer.Option(0, help="Seed of request i is seed + i, the same for every arm."),
@@ -86,6 +89,7 @@ def register(app: typer.Typer) -> None:
         settings = {
             "arms": arm_names,
             "runs": runs,
+            "warmup": warmup,
             "max_tokens": max_tokens,
             "ignore_eos": ignore_eos,
             "seed": seed,
@@ -114,7 +118,14 @@ def run_replay_command(
     ray_address: str | None,
     console: Any,
 ) -> dict[str, Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from lumotree.platform.actors import ArmHost
     from lumotree.platform.provenance import git_commit
@@ -132,9 +143,12 @@ def run_replay_command(
             targets = {n: ActorTarget(h) for n, h in start_arm_actors(specs).items()}
         else:
             targets = {s.name: ArmHost(s) for s in specs}
+    warmup = settings["warmup"]
     total = len(requests) * settings["runs"]
+    warm_total = len(requests) * warmup
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     done = dict.fromkeys(targets, 0)
+    warmed = dict.fromkeys(targets, 0)
 
     def advance(arm: str, run: int, i: int) -> None:
         progress.advance(bars[arm])
@@ -143,16 +157,30 @@ def run_replay_command(
         if not console.is_terminal and (done[arm] % max(1, total // 10) == 0 or done[arm] == total):
             console.print(f"{arm}: run {run + 1}/{settings['runs']}, {done[arm]}/{total} requests")
 
+    def advance_warmup(arm: str, w: int, i: int) -> None:
+        progress.advance(warm_bars[arm])
+        warmed[arm] += 1
+        if not console.is_terminal and (
+            warmed[arm] % max(1, warm_total // 10) == 0 or warmed[arm] == warm_total
+        ):
+            console.print(f"{arm}: warm-up {w + 1}/{warmup} (untimed), {warmed[arm]}/{warm_total} requests")
+
     with Progress(*columns, console=console) as progress:
+        # Warm-up bars first (their passes run before any timed one); none when warm-up is off.
+        warm_bars: dict[str, TaskID] = {}
+        if warmup:
+            warm_bars = {n: progress.add_task(f"{n} warm-up (untimed)", total=warm_total) for n in targets}
         bars = {n: progress.add_task(n, total=total) for n in targets}
         results = run_replay(
             requests,
             targets,
             runs=settings["runs"],
+            warmup=warmup,
             max_tokens=settings["max_tokens"],
             ignore_eos=settings["ignore_eos"],
             seed=settings["seed"],
             on_request=advance,
+            on_warmup=advance_warmup,
         )
     summary = summarize_replay(results)
     config = {**settings, "git_commit": git_commit()}

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from lumotree.agents.protocols import DecodeStats
 from lumotree.db import queries
 from lumotree.db.store import Store
 from lumotree.platform.actors import ArmHost
@@ -91,9 +93,67 @@ def test_replay_on_engine_arms(checkpoint: Path, tmp_path: Path) -> None:
     assert detail is not None and len(detail["results"]) == 3 * len(arms)
 
 
+class CountingTarget:
+    """A real arm with a log of every request it was given and what it answered."""
+
+    def __init__(self, target: ArmHost) -> None:
+        self.target = target
+        self.calls: list[tuple[list[int], dict[str, Any], dict[str, Any]]] = []
+
+    def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        out = self.target.generate(prompt_token_ids, sampling)
+        self.calls.append((list(prompt_token_ids), dict(sampling), out))
+        return out
+
+
+def test_warmup_passes_are_issued_but_not_counted(checkpoint: Path) -> None:
+    """Two warm-up passes then one timed run per arm: every arm decodes the corpus three times (the warm-up
+    passes with the timed run's seeds, before any timed request), but the result holds the timed pass only."""
+    arms = [a for a in ("ar", "mtp") if a in available_arms()]
+    rng = random.Random(1)
+    sampled = {"temperature": 0.8, "top_p": 0.9, "top_k": 20}
+    corpus = [
+        CorpusRequest(f"r{i}", [rng.randrange(1, 290) for _ in range(10 + i)], sampled) for i in range(2)
+    ]
+    hosts = {
+        a: CountingTarget(ArmHost(ArmSpec(name=a, model=str(checkpoint)), llm=engine_llm(checkpoint, a)))
+        for a in arms
+    }
+    events: list[tuple[str, str, int, int]] = []
+    results = run_replay(
+        corpus,
+        hosts,
+        runs=1,
+        warmup=2,
+        max_tokens=6,
+        ignore_eos=True,
+        seed=7,
+        on_request=lambda arm, run, i: events.append(("timed", arm, run, i)),
+        on_warmup=lambda arm, w, i: events.append(("warm-up", arm, w, i)),
+    )
+    warm = [("warm-up", a, w, i) for w in range(2) for a in arms for i in range(2)]
+    assert events == warm + [("timed", a, 0, i) for a in arms for i in range(2)]
+    assert [(r.arm, r.run_index) for r in results] == [(a, 0) for a in arms]
+    for r in results:
+        calls = hosts[r.arm].calls
+        assert len(calls) == 3 * len(corpus)  # two warm-up passes + one timed
+        # Every pass issues the same requests with the same seeds.
+        assert [c[:2] for c in calls[:2]] == [c[:2] for c in calls[2:4]] == [c[:2] for c in calls[4:]]
+        assert [c[1]["seed"] for c in calls[4:]] == [7, 8]
+        assert all(c[2]["tokens"] == 6 for c in calls)
+        timed = DecodeStats()
+        for c in calls[4:]:
+            timed = timed + DecodeStats.from_dict(c[2]["stats"])
+        assert r.requests == 2 and r.stats == timed and r.stats.tokens == 2 * 6
+    with pytest.raises(ValueError, match="warmup"):
+        run_replay(corpus, hosts, warmup=-1)
+    assert all(len(h.calls) == 6 for h in hosts.values())  # refused before issuing anything
+
+
 def test_replay_cli_passes_arm_options_to_the_engine(tmp_path: Path) -> None:
-    """``lumotree replay --mtp-k 2 --draft-vocab 64`` on the built-in model: the options reach the arm (its
-    step drafts two tokens) and the report records them."""
+    """``lumotree replay --mtp-k 2 --draft-vocab 64 --warmup 2`` on the built-in model: the options reach the
+    arm (its step drafts two tokens), the report records them, and the warm-up passes show in the log as
+    untimed but leave no run behind; a negative warm-up is refused before anything loads."""
     import json
 
     from typer.testing import CliRunner
@@ -102,12 +162,24 @@ def test_replay_cli_passes_arm_options_to_the_engine(tmp_path: Path) -> None:
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text(json.dumps({"id": "a", "prompt_token_ids": [5, 6, 7, 8] * 3}) + "\n")
-    args = ["replay", "--corpus", str(corpus), "--arms", "mtp", "--runs", "1", "--max-tokens", "6",
-            "--ignore-eos", "--no-ray", "--device", "cpu", "--mtp-k", "2", "--draft-vocab", "64",
+    args = ["replay", "--corpus", str(corpus), "--arms", "mtp", "--runs", "1", "--warmup", "2",
+            "--max-tokens", "6", "--ignore-eos", "--no-ray", "--device", "cpu", "--mtp-k", "2",
+            "--draft-vocab", "64",
             "--db", f"sqlite:///{tmp_path / 'r.db'}", "--out", str(tmp_path / "r.json")]  # fmt: skip
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["config"]["options"] == {"device": "cpu", "mtp_k": 2, "draft_vocab": 64}
-    run = report["runs"][0]
+    assert report["config"]["warmup"] == 2
+    # No terminal: plain progress lines, the warm-up ones marked untimed and printed before the timed one.
+    assert "mtp: warm-up 2/2 (untimed), 2/2 requests" in res.output
+    assert res.output.index("warm-up 2/2") < res.output.index("mtp: run 1/1, 1/1 requests")
+    [run] = report["runs"]
     assert run["arm"] == "mtp" and run["extra"]["draft_tokens"] == 2 * run["extra"]["drafts"] > 0
+    assert report["arms"]["mtp"]["runs"] == 1 and report["arms"]["mtp"]["completion_tokens"] == 6
+    with Store(f"sqlite:///{tmp_path / 'r.db'}").session() as s:
+        detail = queries.replay_detail(s, report["replay_id"])
+    assert detail is not None and len(detail["results"]) == 1
+    bad = CliRunner().invoke(app, [*args, "--warmup", "-1"])
+    message = " ".join(bad.output.replace("│", " ").split())  # the error box may wrap it
+    assert bad.exit_code == 2 and "'--warmup': Input should be greater than or equal to 0" in message
