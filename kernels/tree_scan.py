@@ -67,10 +67,14 @@ def _node_update(b_h, b_k, b_v, b_g, b_beta, b_q):
 
 
 @triton.jit
+def _pick_row(x, sel):
+    """Row ``sel`` of a chunk [BL, D] loaded ahead, in fp32 (a masked sum: exact, one nonzero term)."""
+    return tl.sum(tl.where(sel[:, None], x.to(tl.float32), 0.0), 0)
+
+
+@triton.jit
 def _pick(x, sel):
-    """Row ``sel`` of a chunk [BL, ...] loaded ahead (a masked sum: exact, one nonzero term)."""
-    if len(x.shape) == 2:
-        return tl.sum(tl.where(sel[:, None], x.to(tl.float32), 0.0), 0)
+    """Entry ``sel`` of a chunk [BL] loaded ahead."""
     return tl.sum(tl.where(sel, x, 0), 0)
 
 
@@ -150,17 +154,17 @@ def _tree_scan_kernel(
         for j in range(0, tl.minimum(BL, n_len - c0)):
             sel = o_l == j
             node = _pick(c_node, sel)
-            b_q = _pick(c_q, sel)
-            b_k = _pick(c_k, sel)
+            b_q = _pick_row(c_q, sel)
+            b_k = _pick_row(c_k, sel)
             b_g = _pick(c_g, sel)
             b_beta = _pick(c_beta, sel)
             if USE_QK_L2NORM_IN_KERNEL:
                 b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
                 b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
             b_q = b_q * scale
-            b_h, b_o = _node_update(b_h, b_k, _pick(c_v, sel), b_g, b_beta, b_q)
+            b_h, b_o = _node_update(b_h, b_k, _pick_row(c_v, sel), b_g, b_beta, b_q)
             if NT == 2:
-                b_h2, b_o2 = _node_update(b_h2, b_k, _pick(c_v2, sel), b_g, b_beta, b_q)
+                b_h2, b_o2 = _node_update(b_h2, b_k, _pick_row(c_v2, sel), b_g, b_beta, b_q)
             if _pick(c_write, sel) != 0:
                 p_o = o + (node * HV + i_hv) * V
                 tl.store(p_o + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
