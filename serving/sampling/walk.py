@@ -103,16 +103,10 @@ class TreeBatch:
 
     @staticmethod
     def roots(tokens: torch.Tensor) -> TreeBatch:
-        """One root-only tree per request (AR, and the first draw after prefill)."""
+        """One root-only tree per request (AR, and the first draw after prefill). With its host topology,
+        so AR's draws take the same per-structure graphs (``walk_static``) as the speculative arms' walks."""
         b = tokens.shape[0]
-        dev = tokens.device
-        return TreeBatch(
-            tokens=tokens.long(),
-            parents=torch.full((b,), -1, dtype=torch.int64, device=dev),
-            active=torch.ones(b, dtype=torch.bool, device=dev),
-            sizes=[1] * b,
-            max_depth=0,
-        )
+        return TreeBatch.from_topology(tokens.long(), ((-1,),) * b, ((True,),) * b)
 
 
 @dataclass

@@ -179,3 +179,67 @@ def test_captured_walk_equals_eager_walk() -> None:
             check_step(sampler, *random_step(g, shape, pool), device="cuda")
     assert not failed and graphs.entries
     assert all(e is not None and e.graph is not None for e in graphs.entries.values())
+
+
+def test_root_only_trees_walk_static() -> None:
+    """AR's draws (``Sampler.sample``: root-only trees, which carry their host topology) go through the
+    structure-keyed walk, one entry per batch size and parameter facts, and equal the eager walk's."""
+    trees = TreeBatch.roots(torch.tensor([4, 9, 2], dtype=torch.int32))
+    assert trees.topology == ((-1,),) * 3 and trees.tokens.dtype == torch.int64
+    assert trees.tokens.tolist() == [4, 9, 2] and trees.active.all() and trees.max_depth == 0
+    g = torch.Generator().manual_seed(5)
+    graphs = StaticGraphs(False, lambda: None, lambda: None)
+    sampler = Sampler(VOCAB, "cpu", graphs)
+    eager = Sampler(VOCAB, "cpu")
+    sampled = 0
+    for b in (1, 3, 7, 1, 3, 7):
+        params = [PARAMS[(i + 2) % len(PARAMS)] for i in range(b)]  # the same per batch size
+        logits = torch.round(torch.randn(b, VOCAB, generator=g) * 4) / 2  # coarse grid: ties too
+        history = torch.rand(b, VOCAB, generator=g) < 0.2
+        seeds = torch.randint(0, 2**62, (b,), generator=g)
+        out_pos = torch.randint(0, 500, (b,), generator=g)
+        for hist in (history, None):
+            got = sampler.sample(logits, hist, params, seeds, out_pos)
+            assert torch.equal(got, eager.sample(logits, hist, params, seeds, out_pos))
+            rp = RowParams.build(params, VOCAB, "cpu")
+            flat = TreeBatch.build([([0], [-1], None)] * b, "cpu")  # no topology: the plain walk
+            assert torch.equal(got, walk(flat, logits, hist, rp, seeds, out_pos).bonus)
+            greedy = torch.tensor([p.temperature == 0 for p in params])
+            sampled += int((got != logits.argmax(-1))[~greedy].sum())
+    assert sampled > 0, "every sampled draw was the argmax: the noise went untested"
+    walks = [k for k in graphs.entries if k[0] == "walk"]
+    assert len(walks) == len(graphs.entries) and all(k[1].max_depth == 0 for k in walks)
+    # Per batch size: with and without the history rows (b = 1 has no penalty, so it never reads them);
+    # repeated batch sizes replay their entries.
+    assert sorted(len(k[1].sizes) for k in walks) == [1, 3, 3, 7, 7]
+
+
+def test_ar_engine_samples_through_static_walk(tiny_checkpoints) -> None:
+    """An AR engine with the static decode path emits the default engine's tokens for seeded mixed
+    sampling, and its draws (prefill's first token and every decode step) went through the keyed walk."""
+    from lumotree.serving.engine import Engine, EngineConfig
+    from lumotree.serving.loader import load_model
+
+    model = load_model(tiny_checkpoints["gdn3_attn1"], "cpu", torch.float32)[0]
+    prompts = [[1, 2, 3, 4, 5], [7, 8, 9], [10, 11, 12, 13, 14, 15, 16], [3]]
+    opts = dict(max_tokens=12, ignore_eos=True)
+    params = [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, presence_penalty=0.5, seed=1, **opts),
+        SamplingParams(temperature=0.0, **opts),
+        SamplingParams(temperature=1.0, min_p=0.1, seed=2, **opts),
+        SamplingParams(temperature=0.6, top_p=0.8, presence_penalty=-0.5, seed=3, **opts),
+    ]
+
+    def outputs(**kw) -> tuple[Engine, list[list[int]]]:
+        eng = Engine(model, None, EngineConfig(arm="ar", max_seqs=4, max_model_len=64, **kw))
+        out = [r.output_ids for r in eng.generate(prompts, params)]
+        eng.check_no_leaks()
+        return eng, out
+
+    _, want = outputs()
+    eng, got = outputs(static_decode=True)
+    assert got == want
+    assert eng.runner.fn_graphs is not None
+    walks = [k for k in eng.runner.fn_graphs.entries if k[0] == "walk"]
+    assert walks and all(k[1].max_depth == 0 for k in walks)
+    assert 4 in {len(k[1].sizes) for k in walks}, "the batched decode steps walked through an entry"
