@@ -39,43 +39,12 @@ class TreeScanConfig:
     num_warps: int = 1
     """Warps per program; the [K, BV] tile is split over them."""
     num_stages: int = 3
-    """Software pipelining depth passed to Triton."""
+    """Software pipelining depth of the node loop (operand prefetch)."""
     plan_mode: str = "levels"
     """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``)."""
-    chunk: int = 8
-    """Nodes whose operands are loaded at once, before their sequential updates (a power of 2): the chain
-    of updates then waits for memory once per chunk instead of once per node."""
-    tiles: int = 1
-    """Value tiles per program (1 or 2). Each tile keeps its own [K, BV] state and fla's arithmetic, so
-    rounding is unchanged; a node's q and k are loaded once for all of them."""
-
-    def __post_init__(self) -> None:
-        assert self.chunk >= 1 and self.chunk & (self.chunk - 1) == 0, f"chunk {self.chunk}: a power of 2"
-        assert self.tiles in (1, 2), f"tiles {self.tiles}: 1 or 2"
 
 
 DEFAULT_CONFIG = TreeScanConfig()
-
-
-@triton.jit
-def _node_update(b_h, b_k, b_v, b_g, b_beta, b_q):
-    """One node's update of a [K, BV] state tile and its output: fla's fused-recurrent step, op for op."""
-    b_h *= tl.exp(b_g)
-    b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
-    b_h += b_k[:, None] * b_v
-    return b_h, tl.sum(b_h * b_q[:, None], 0)
-
-
-@triton.jit
-def _pick_row(x, sel):
-    """Row ``sel`` of a chunk [BL, D] loaded ahead, in fp32 (a masked sum: exact, one nonzero term)."""
-    return tl.sum(tl.where(sel[:, None], x.to(tl.float32), 0.0), 0)
-
-
-@triton.jit
-def _pick(x, sel):
-    """Entry ``sel`` of a chunk [BL] loaded ahead."""
-    return tl.sum(tl.where(sel, x, 0), 0)
 
 
 @triton.jit
@@ -102,12 +71,10 @@ def _tree_scan_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    BL: tl.constexpr,
-    NT: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV * NT)
+    NV = tl.cdiv(V, BV)
     # path-major order: every tile of the (long, first) paths is dispatched before the next path's
     i_v = pid % NV
     i_hv = (pid // NV) % HV
@@ -115,67 +82,61 @@ def _tree_scan_kernel(
     i_h = i_hv // (HV // H)
 
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV * NT + tl.arange(0, BV)
-    o_v2 = o_v + BV  # the second tile (NT == 2)
+    o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
     mask_v = o_v < V
-    mask_v2 = (o_v2 < V) & (NT == 2)
     mask_h = mask_k[:, None] & mask_v[None, :]
-    mask_h2 = mask_k[:, None] & mask_v2[None, :]
     tile = o_k[:, None] * V + o_v[None, :]
-    tile2 = o_k[:, None] * V + o_v2[None, :]
 
     n_len = tl.load(lens + i_p)
     s0 = tl.load(start + i_p).to(tl.int64)
     if s0 >= 0:
-        src = cut + (s0 * HV + i_hv) * K * V
+        b_h = tl.load(cut + (s0 * HV + i_hv) * K * V + tile, mask=mask_h, other=0).to(tl.float32)
     else:
         row = tl.load(h0_idx + (-s0 - 1)).to(tl.int64)
-        src = h0 + (row * HV + i_hv) * K * V
-    b_h = tl.load(src + tile, mask=mask_h, other=0).to(tl.float32)
-    b_h2 = tl.load(src + tile2, mask=mask_h2, other=0).to(tl.float32)
+        b_h = tl.load(h0 + (row * HV + i_hv) * K * V + tile, mask=mask_h, other=0).to(tl.float32)
 
-    # A chunk of BL nodes: all operands are loaded at once (they do not depend on the state), then the
-    # sequential updates run out of registers; the arithmetic per node is fla's.
-    o_l = tl.arange(0, BL)
-    for c0 in range(0, n_len, BL):
-        m_l = (c0 + o_l) < n_len
-        m_lk = m_l[:, None] & mask_k[None, :]
-        c_node = tl.load(nodes + i_p * L + c0 + o_l, mask=m_l, other=0).to(tl.int64)
-        c_q = tl.load(q + (c_node[:, None] * H + i_h) * K + o_k[None, :], mask=m_lk, other=0)
-        c_k = tl.load(k + (c_node[:, None] * H + i_h) * K + o_k[None, :], mask=m_lk, other=0)
-        p_v = v + (c_node[:, None] * HV + i_hv) * V
-        c_v = tl.load(p_v + o_v[None, :], mask=m_l[:, None] & mask_v[None, :], other=0)
-        c_v2 = tl.load(p_v + o_v2[None, :], mask=m_l[:, None] & mask_v2[None, :], other=0)
-        c_g = tl.load(g + c_node * HV + i_hv, mask=m_l, other=0).to(tl.float32)
-        c_beta = tl.load(beta + c_node * HV + i_hv, mask=m_l, other=0).to(tl.float32)
-        c_write = tl.load(write + i_p * L + c0 + o_l, mask=m_l, other=0)
-        c_cut = tl.load(cutidx + i_p * L + c0 + o_l, mask=m_l, other=-1)
-        for j in range(0, tl.minimum(BL, n_len - c0)):
-            sel = o_l == j
-            node = _pick(c_node, sel)
-            b_q = _pick_row(c_q, sel)
-            b_k = _pick_row(c_k, sel)
-            b_g = _pick(c_g, sel)
-            b_beta = _pick(c_beta, sel)
-            if USE_QK_L2NORM_IN_KERNEL:
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_q = b_q * scale
-            b_h, b_o = _node_update(b_h, b_k, _pick_row(c_v, sel), b_g, b_beta, b_q)
-            if NT == 2:
-                b_h2, b_o2 = _node_update(b_h2, b_k, _pick_row(c_v2, sel), b_g, b_beta, b_q)
-            if _pick(c_write, sel) != 0:
-                p_o = o + (node * HV + i_hv) * V
-                tl.store(p_o + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
-                if NT == 2:
-                    tl.store(p_o + o_v2, b_o2.to(o.dtype.element_ty), mask=mask_v2)
-            c = _pick(c_cut, sel).to(tl.int64)
-            if c >= 0:
-                dst = cut + (c * HV + i_hv) * K * V
-                tl.store(dst + tile, b_h, mask=mask_h)
-                if NT == 2:
-                    tl.store(dst + tile2, b_h2, mask=mask_h2)
+    # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes: they do not
+    # depend on the state, so their memory latency leaves the sequential chain. The math per step is fla's.
+    base = nodes + i_p * L
+    last = n_len - 1
+    n_cur = tl.load(base).to(tl.int64)
+    n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
+    p_q, p_k, p_v = (
+        q + (n_cur * H + i_h) * K + o_k,
+        k + (n_cur * H + i_h) * K + o_k,
+        v + (n_cur * HV + i_hv) * V + o_v,
+    )
+    nb_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
+    nb_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
+    nb_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    nb_g = tl.load(g + n_cur * HV + i_hv).to(tl.float32)
+    nb_beta = tl.load(beta + n_cur * HV + i_hv).to(tl.float32)
+    for t in range(0, n_len):
+        node = n_cur
+        b_q, b_k, b_v, b_g, b_beta = nb_q, nb_k, nb_v, nb_g, nb_beta
+        n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
+        nb_q = tl.load(q + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        nb_k = tl.load(k + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+        nb_v = tl.load(v + (n_nxt * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        nb_g = tl.load(g + n_nxt * HV + i_hv).to(tl.float32)
+        nb_beta = tl.load(beta + n_nxt * HV + i_hv).to(tl.float32)
+        n_cur, n_nxt = n_nxt, n_after
+        w = tl.load(write + i_p * L + t)
+        c = tl.load(cutidx + i_p * L + t).to(tl.int64)
+
+        if USE_QK_L2NORM_IN_KERNEL:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+        b_q = b_q * scale
+        b_h *= tl.exp(b_g)
+        b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
+        b_h += b_k[:, None] * b_v
+        b_o = tl.sum(b_h * b_q[:, None], 0)
+        if w != 0:
+            tl.store(o + (node * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+        if c >= 0:
+            tl.store(cut + (c * HV + i_hv) * K * V + tile, b_h, mask=mask_h)
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -270,7 +231,7 @@ def tree_gdn(
     assert cut_buffer.numel() >= need and cut_buffer.dtype == torch.float32
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV * config.tiles)
+    NV = triton.cdiv(V, BV)
     for lv in levels:
         _tree_scan_kernel[(lv.num_paths * HV * NV,)](
             q,
@@ -295,8 +256,6 @@ def tree_gdn(
             V=V,
             BK=BK,
             BV=BV,
-            BL=min(config.chunk, triton.next_power_of_2(lv.max_len)),
-            NT=config.tiles,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
             num_warps=config.num_warps,
             num_stages=config.num_stages,

@@ -123,21 +123,3 @@ def test_dispatch_form_without_batch_dim() -> None:
     o_ref, _ = tree_gdn_ref(q[0], k[0], v[0], g[0], beta[0], parents, h0[0], 0.25)
     assert none is None and o.shape == (4, 2, 8)
     torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize(("chunk", "tiles"), [(1, 2), (2, 1), (16, 2)])
-@pytest.mark.parametrize(("name", "mode"), [("hydra27", "levels"), ("deep64", "levels"), ("chain16", "flat")])
-def test_chunk_and_tile_knobs_keep_every_bit(name: str, mode: str, chunk: int, tiles: int) -> None:
-    """Operands loaded a chunk ahead and two value tiles per program are scheduling only: the outputs are
-    bitwise those of one node and one tile at a time (paths longer than a chunk, and a cut mid-chunk)."""
-    ts = _scan_module()
-    parents = TREES[name]
-    q, k, v, g, beta, h0 = make_inputs(len(parents), 1, h=1, hv=2, kd=16, vd=16, seed=5, dtype=torch.bfloat16)
-    plan = tree_plan.plan_paths(parents, mode=mode)
-    kw = dict(scale=0.25, use_qk_l2norm_in_kernel=True, plan=plan)
-    base, _ = ts.tree_gdn(q, k, v, g, beta, None, h0, config=ts.TreeScanConfig(block_v=8, chunk=1), **kw)
-    cfg = ts.TreeScanConfig(block_v=8, chunk=chunk, tiles=tiles)
-    o, _ = ts.tree_gdn(q, k, v, g, beta, None, h0, config=cfg, **kw)
-    assert torch.equal(o, base)
-    o_ref, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, scale=0.25, use_qk_l2norm_in_kernel=True)
-    torch.testing.assert_close(o.float(), o_ref.float(), rtol=1e-2, atol=1e-2)
