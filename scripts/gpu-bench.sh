@@ -37,7 +37,7 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py tests/serving/test_graphs.py tests/serving/test_walk_static.py ;;
-    decode) run_step decode 100 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused --json --out "$out/decode_27b.json" ;;
+    decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
