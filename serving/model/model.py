@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -138,13 +140,12 @@ class HybridModel(nn.Module):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, caches: StateCaches) -> torch.Tensor:
         """Hidden states [R, H] after the final norm. Prefill/decode advance the recurrent and conv rows and
-        write
-        KV; tree mode writes only the tree rows' K/V and leaves its replay operands in
+        write KV; tree mode writes only the tree rows' K/V and leaves its replay operands in
         ``self.tree_record``."""
         ctx = self.context(batch)
         record = TreeRecord(batch, self.config.linear_key_head_dim**-0.5) if batch.mode == "tree" else None
         x, pending = self.embed_tokens(batch.input_ids), None
-        for layer in self.layers:
+        for layer in cast("list[DecoderLayer]", self.layers):
             x, pending = layer.mix(x, pending, ctx, caches, record)
         if record is not None:
             self.tree_record = record
