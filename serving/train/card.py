@@ -102,7 +102,7 @@ def render_card(m: dict[str, Any], hashes: dict[str, dict[str, Any]]) -> str:
         f"- MTP argmax = trunk argmax (greedy acceptance proxy): {_depths(mh, 'agree')}",
         f"- EAGLE argmax = trunk argmax: {_depths(eh, 'agree')}",
         "",
-        "## Greedy acceptance (mean accepted tokens per step, held-out prompts)",
+        "## Greedy acceptance (held-out prompts; mean tokens per step = accepted drafts + 1 bonus token)",
         "",
     ]
     if acc:
