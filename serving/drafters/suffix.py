@@ -1,8 +1,8 @@
 """Suffix drafting (as in Arctic's suffix decoding): continue the context the way the text already did.
 
 The corpus of a request is its prompt plus its output so far; a bounded cross-request cache holds finished
-requests. A proposal for a query (the request's text plus not-yet-committed tokens, e.g. the tree root and
-an MTP spine) is:
+requests, each distinct text once. A proposal for a query (the request's text plus not-yet-committed tokens,
+e.g. the tree root and an MTP spine) is:
 
 1. the longest suffix of the query, between ``min_match`` and ``max_match`` tokens, that occurs in the corpus
    with at least one following token; C = every occurrence of it (its end positions);
@@ -15,10 +15,17 @@ This is the walk down Arctic's suffix tree from the matched node (most frequent 
 lazily from positions instead of materialising a tree: the index is a hash of the last ``min_match`` and the
 last ``long_gram`` tokens at every position, so an update costs O(1) per token and memory is a few ints per
 token. ``score`` is the expected number of accepted tokens, sum_j prod_{i<=j} p_i.
+
+A lookup costs O(occurrences of the matched suffix), at most ``max_candidates`` of them. A request whose
+exact text is already cached is therefore not cached again: every copy would add one more occurrence to every
+lookup that matches it (re-issued requests, e.g. the passes of a replay, would make each pass slower than the
+one before at the same acceptance), while copies of a whole set of requests leave its vote shares as they
+were.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -106,8 +113,11 @@ class SuffixIndex:
                     if SEPARATOR not in gram:
                         table.setdefault(hash(gram), []).append(e)
 
-    def _match_len(self, e: int, query: Sequence[int]) -> int:
+    def _match_len(self, e: int, query: list[int]) -> int:
         t, limit = self.tokens, min(self.config.max_match, len(query), e + 1)
+        # whole-window agreement (the common case on repetitive text) in one list comparison
+        if t[e + 1 - limit : e + 1] == query[len(query) - limit :]:
+            return limit
         m = 0
         while m < limit and t[e - m] == query[-1 - m]:
             m += 1
@@ -117,6 +127,7 @@ class SuffixIndex:
         """(L*, ends): the longest matched suffix length and the end positions of its occurrences that have
         a next token; (0, []) when no suffix of ``min_match`` tokens or more matches."""
         cfg, n_tok = self.config, len(self.tokens)
+        query = list(query)
         for n in sorted(self._grams, reverse=True):
             if len(query) < n:
                 continue
@@ -136,41 +147,48 @@ class SuffixIndex:
         t, n_tok = self.tokens, len(self.tokens)
         toks: list[int] = []
         probs: list[float] = []
-        for j in range(max_len):
-            votes: dict[int, list[int]] = {}  # token -> [count, most recent end]
-            live = [e for e in cand if e + 1 + j < n_tok and t[e + 1 + j] != SEPARATOR]
+        for j in range(1, max_len + 1):
+            live = [e for e in cand if e + j < n_tok and t[e + j] != SEPARATOR]
             if not live:
                 break
-            for e in live:
-                v = votes.setdefault(t[e + 1 + j], [0, -1])
-                v[0] += 1
-                v[1] = max(v[1], e)
-            tok, (count, _) = max(votes.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+            nxt = [t[e + j] for e in live]
+            votes = Counter(nxt)
+            count = max(votes.values())
+            # candidates stay in position order, so the last one with a winning token is the most recent
+            tok = next(x for x in reversed(nxt) if votes[x] == count)
             p = count / len(live)
             if p < self.config.min_prob:
                 break
             toks.append(tok)
             probs.append(p)
-            cand = [e for e in live if t[e + 1 + j] == tok]
+            cand = live if count == len(live) else [e for e, x in zip(live, nxt, strict=True) if x == tok]
         if not toks:
             return None
         return SuffixChain(tuple(toks), tuple(probs), match_len, source)
 
 
 class SuffixCache:
-    """Finished requests, concatenated with separators, at most ``cache_tokens`` tokens (oldest dropped)."""
+    """Finished requests, concatenated with separators, at most ``cache_tokens`` tokens (oldest dropped).
+
+    A request whose text is already cached is not added again (see the module docstring): each distinct text
+    counts once, so serving the same requests again leaves the cache, and the work of every lookup, as it was.
+    """
 
     def __init__(self, config: SuffixConfig | None = None) -> None:
         self.config = config or SuffixConfig()
-        self._requests: list[list[int]] = []
+        self._requests: list[tuple[int, ...]] = []
+        self._cached: set[tuple[int, ...]] = set()
         self.index = SuffixIndex(self.config)
 
     def add(self, tokens: Sequence[int]) -> None:
-        toks = [int(x) for x in tokens][-self.config.cache_tokens :]
+        toks = tuple(int(x) for x in tokens)[-self.config.cache_tokens :]
+        if toks in self._cached:
+            return
         self._requests.append(toks)
+        self._cached.add(toks)
         if len(self.index) + len(toks) + 1 > self.config.cache_tokens:
             # rebuild over the newest requests that fit in half the budget: amortised O(1) per token
-            keep: list[list[int]] = []
+            keep: list[tuple[int, ...]] = []
             size = 0
             for r in reversed(self._requests):
                 if size + len(r) + 1 > max(self.config.cache_tokens // 2, len(toks) + 1):
@@ -178,6 +196,7 @@ class SuffixCache:
                 keep.append(r)
                 size += len(r) + 1
             self._requests = keep[::-1]
+            self._cached = set(self._requests)
             self.index = SuffixIndex(self.config)
             for r in self._requests:
                 self.index.extend([*r, SEPARATOR])
@@ -186,6 +205,11 @@ class SuffixCache:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    @property
+    def num_requests(self) -> int:
+        """Distinct requests held."""
+        return len(self._requests)
 
 
 class SuffixDrafter:

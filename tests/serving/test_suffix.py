@@ -103,3 +103,54 @@ def test_cross_request_cache_and_bound() -> None:
     assert len(cache) <= 40
     assert SuffixDrafter([15, 99], cache=cache).propose() is None
     assert cache.index.propose([15, 10], 3) is None
+
+
+def _serve(cache: SuffixCache, prompt: list[int], output: list[int]) -> list:
+    """One request: draft at every position of its output, commit it, hand it to the cache."""
+    d = SuffixDrafter(prompt, cache=cache)
+    chains = []
+    for tok in output:
+        chains.append(d.propose(extra=[tok], max_len=4))
+        d.extend([tok])
+    d.finish()
+    return chains
+
+
+def test_reissued_requests_leave_the_cache_and_lookups_as_they_were() -> None:
+    """Serving the same requests again (the passes of a replay) must not make lookups scan more occurrences:
+    the per-step work would grow with every pass at the same acceptance."""
+    rng = random.Random(0)
+    cfg = SuffixConfig(min_match=2, max_match=8, long_gram=4)
+    cache = SuffixCache(cfg)
+    # agent-like requests: each prompt extends the one before, outputs repeat pieces of their prompt
+    shared = [rng.randrange(50) for _ in range(60)]
+    requests = []
+    for i in range(6):
+        prompt = shared + [rng.randrange(50) for _ in range(10 * i)]
+        requests.append((prompt, prompt[5:25] + [rng.randrange(50) for _ in range(8)]))
+    for _ in range(2):  # the first pass fills the cache, the second drafts from it
+        second = [_serve(cache, p, o) for p, o in requests]
+    size = len(cache)
+    assert size == sum(len(p) + len(o) + 1 for p, o in requests)
+    query = shared[-cfg.max_match :]
+    _, ends = cache.index.occurrences(query)
+    for _ in range(5):
+        drafts = [_serve(cache, p, o) for p, o in requests]
+        assert len(cache) == size and cache.index.occurrences(query)[1] == ends
+        assert drafts == second
+    assert cache.num_requests == len(requests)
+
+
+def test_cache_takes_back_an_evicted_request() -> None:
+    cfg = SuffixConfig(min_match=2, max_match=8, long_gram=4, cache_tokens=40)
+    cache = SuffixCache(cfg)
+    old = [10, 11, 12, 13, 14, 15]
+    cache.add(old)
+    cache.add(old)
+    assert len(cache) == len(old) + 1
+    for i in range(8):
+        cache.add([100 + i] * 7)
+    assert cache.index.propose([10, 11], 3) is None  # evicted
+    cache.add(old)
+    chain = cache.index.propose([10, 11], 3)
+    assert chain is not None and chain.tokens == (12, 13, 14)
