@@ -129,6 +129,11 @@ class ArmHost:
             sampling=dict(sampling),
         ).to_dict()
 
+    def reset_shared_caches(self) -> None:
+        """Forget what the arm learned across requests (before each replay pass)."""
+        if self.llm is not None:
+            self.llm.reset_shared_caches()
+
     def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
         """One replayed request: its token count and the decode statistics of exactly this call."""
         assert self.llm is not None, "replay needs an engine arm"

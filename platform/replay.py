@@ -93,6 +93,8 @@ class ReplayTarget(Protocol):
 
     def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]: ...
 
+    def reset_shared_caches(self) -> None: ...
+
 
 class ActorTarget:
     def __init__(self, handle: Any) -> None:
@@ -102,6 +104,11 @@ class ActorTarget:
         import ray
 
         return ray.get(self.handle.generate.remote(prompt_token_ids, sampling))
+
+    def reset_shared_caches(self) -> None:
+        import ray
+
+        ray.get(self.handle.reset_shared_caches.remote())
 
 
 @dataclass
@@ -165,8 +172,10 @@ def run_replay(
 
     First ``warmup`` untimed passes per arm (same requests, same seeds), whose results are dropped: the first
     pass over a corpus pays one-time costs (kernel compilation, graph capture of new shapes) that would
-    otherwise land in run 0 and skew the pooled rates and the ratios between arms. ``on_warmup`` and
-    ``on_request`` get ``(arm, pass or run index, request index)`` after each request."""
+    otherwise land in run 0 and skew the pooled rates and the ratios between arms. Every pass starts with
+    the arms' cross-request caches cleared, as the recorded sweep started: a pass re-issues the same requests
+    with the same seeds, so a cache kept from an earlier pass would hold the very outputs being drafted.
+    ``on_warmup`` and ``on_request`` get ``(arm, pass or run index, request index)`` after each request."""
     import time
 
     assert corpus and targets and runs >= 1
@@ -175,6 +184,7 @@ def run_replay(
 
     def one_pass(arm: str, index: int, done: Callable[[str, int, int], None] | None) -> DecodeStats:
         total = DecodeStats()
+        targets[arm].reset_shared_caches()
         for i, req in enumerate(corpus):
             out = targets[arm].generate(
                 req.prompt_token_ids, replay_sampling(req.sampling, max_tokens, seed + i, ignore_eos)

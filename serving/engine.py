@@ -206,6 +206,13 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work
 
+    def reset_shared_caches(self) -> None:
+        """Start the next request as on a fresh engine as far as drafting goes: forget what the arm learned
+        from earlier requests (benchmarks re-issuing the same requests would otherwise draft from their own
+        earlier outputs)."""
+        assert not self.scheduler.has_work, "requests are still in flight"
+        self.arm.reset_shared()
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)

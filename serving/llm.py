@@ -136,3 +136,7 @@ class LLM:
 
     def counters(self) -> dict[str, Any]:
         return self.engine.counters.as_dict()
+
+    def reset_shared_caches(self) -> None:
+        """See ``Engine.reset_shared_caches``."""
+        self.engine.reset_shared_caches()

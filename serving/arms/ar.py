@@ -35,3 +35,6 @@ class ARArm:
 
     def release(self, request: Request) -> None:
         pass
+
+    def reset_shared(self) -> None:
+        pass

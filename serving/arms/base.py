@@ -91,3 +91,7 @@ class Arm(Protocol):
     def release(self, request: Request) -> None:
         """The request finished; free what the drafter holds for it."""
         ...
+
+    def reset_shared(self) -> None:
+        """Forget what was learned across requests (LumoTree's suffix cache); only between requests."""
+        ...

@@ -87,3 +87,6 @@ class ChainedArm:
 
     def release(self, request: Request) -> None:
         self.drafter.release(request.req_id)
+
+    def reset_shared(self) -> None:
+        pass  # the feature drafters hold per-request state only

@@ -77,3 +77,7 @@ class LumoTreeArm(ChainedArm):
         sfx = self.suffix.pop(request.req_id, None)
         if sfx is not None:
             sfx.finish()
+
+    def reset_shared(self) -> None:
+        assert not self.suffix, "the cross-request cache is reset between requests only"
+        self.suffix_cache = SuffixCache(self.suffix_cache.config)
