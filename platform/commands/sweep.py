@@ -180,6 +180,7 @@ def run_sweep_command(
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=False) as progress:
         bars = {a.name: progress.add_task(a.name, total=config.attempts) for a in config.arms}
+        logged: dict[str, int] = {}
         runner.start()
         try:
             while True:
@@ -194,6 +195,8 @@ def run_sweep_command(
                                 description=f"{arm['name']:<10} resolved {arm['resolved']:>3}"
                                 + (f"  running {arm['running']}" if arm["running"] else ""),
                             )
+                            if not console.is_terminal:
+                                _log_progress(console, logged, arm)
                 if not alive:
                     break
                 time.sleep(1.0)
@@ -214,3 +217,11 @@ def run_sweep_command(
         console.print(f"[red]{incomplete} attempt(s) did not finish[/]; rerun with --resume {sweep_id}")
         return 1
     return 0
+
+
+def _log_progress(console: Any, logged: dict[str, int], arm: dict[str, Any]) -> None:
+    """A log file (no terminal) gets a plain line per finished attempt instead of live bars."""
+    if logged.get(arm["name"], 0) != arm["done"]:
+        logged[arm["name"]] = arm["done"]
+        name, done, total, resolved = arm["name"], arm["done"], arm["attempts"], arm["resolved"]
+        console.print(f"{name}: {done}/{total} attempts done, {resolved} resolved")

@@ -111,6 +111,8 @@ def test_sigkill_orchestrator_then_resume(tmp_path: Path, ray_address: str, db: 
     assert sum(bool(a.resolved) for a in attempts) == 6
     assert store.get_sweep(sweep_id).status == "done"
     assert "fix" in second.stdout and "noop" in second.stdout  # the summary table
+    # A log (no terminal) gets plain progress lines, ending at each arm's total
+    assert "fix: 6/6 attempts done, 6 resolved" in second.stdout, second.stdout[-3000:]
 
 
 def test_arm_actor_killed_mid_sweep_is_restarted_and_attempt_retried(
