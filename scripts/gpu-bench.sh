@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project in one process tree, for a machine with one CUDA GPU and the
 # project's checkout as the working directory: engine CUDA-graph checks, the 27B-shape decode, GDN and arm
-# benchmarks, the GPU audits and the replay of a recorded corpus on the built-in model.
+# benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
+# built-in model.
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
 # and a failing step is recorded and skipped so one broken piece never costs the others).
 set -uo pipefail
@@ -41,6 +42,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
+    profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \
+      --arms ar,mtp5_dv,lumotree_dv --json --out "$out/profile_27b.json" ;;
     audit) run_step audit 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
     replay) run_step replay 240 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 16 --arms ar,mtp,eagle,lumotree --runs 3 \
       --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;

@@ -94,22 +94,29 @@ def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: 
     return out
 
 
-def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
-              warmup: int, graphs: bool, sync: _Sync) -> dict[str, Any]:  # fmt: skip
+def arm_engine(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
+               graphs: bool) -> tuple[Any, Any]:  # fmt: skip
+    """A batch-1 engine of ``arm`` over ``model`` with ``prompt`` prefilled and room for ``steps`` more steps
+    (greedy, EOS ignored): (engine, request)."""
     from lumotree.serving.engine import Engine, EngineConfig
-    from lumotree.serving.metrics import SPANS
     from lumotree.serving.sampler import SamplingParams
 
-    prompt_len = len(prompt)
     if arm == "eagle":
         opts = {**opts, "eagle_head": eagle_head}
     cfg = EngineConfig(arm=arm, arm_options=opts, device=str(model.embed_tokens.weight.device),
-                       max_seqs=1, max_model_len=prompt_len + warmup + steps + 80, cuda_graphs=graphs,
-                       graph_batch_sizes=(1,), max_prefill_tokens=prompt_len)  # fmt: skip
+                       max_seqs=1, max_model_len=len(prompt) + steps + 80, cuda_graphs=graphs,
+                       graph_batch_sizes=(1,), max_prefill_tokens=len(prompt))  # fmt: skip
     eng = Engine(model, None, cfg, model_name="random")
-    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=warmup + steps + 8,
-                                                 ignore_eos=True))  # fmt: skip
+    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True))
     eng.step()  # prefill
+    return eng, req
+
+
+def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
+              warmup: int, graphs: bool, sync: _Sync) -> dict[str, Any]:  # fmt: skip
+    from lumotree.serving.metrics import SPANS
+
+    eng, req = arm_engine(model, arm, opts, eagle_head, prompt, warmup + steps, graphs)
     for _ in range(warmup):
         eng.step()
     before = dict(eng.counters.span_seconds)

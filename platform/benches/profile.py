@@ -1,0 +1,173 @@
+"""``lumotree bench profile``: where an arm's step spends its device time, kernel by kernel.
+
+The arms of ``bench arms`` on the same random-weight model, batch 1: after warm-up steps, ``--steps`` engine
+steps run under ``torch.profiler``. On CUDA every kernel's device time is summed by name and by group (GEMM,
+tree scan, native GDN, attention, norms, elementwise and copies, other), per step; on CPU the operators' own
+CPU time stands in, so the command can be tried anywhere. Steps run eagerly by default (``--cuda-graphs``
+to profile graph replays): kernels inside a captured graph keep their device time either way, but eager
+launches are what shows the host gaps between them.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from lumotree.platform.benches import stamped
+
+GROUPS: tuple[tuple[str, str], ...] = (
+    ("tree_scan", r"tree_scan"),
+    ("gdn_native", r"fused_recurrent|gated_delta|chunk_"),
+    ("attention", r"attention|attn|_attend|paged"),
+    ("gemm", r"gemm|gemv|cutlass|cublas|nvjet|xmma|matmul|addmm|\bmm\b|linear"),
+    ("norm", r"norm|rms"),
+    (
+        "elementwise_copy",
+        r"elementwise|vectorized|copy|fill|index|gather|scatter|cat|reduce|softmax|topk|sort",
+    ),
+    ("torch_ops", r"^aten::"),
+)
+"""Kernel-name patterns, tried in order (the first that matches names the group)."""
+
+
+def group_of(name: str) -> str:
+    low = name.lower()
+    return next((g for g, pat in GROUPS if re.search(pat, low)), "other")
+
+
+def summarize(events: list[tuple[str, int, float]], steps: int, top: int) -> dict[str, Any]:
+    """(name, calls, microseconds) per kernel or operator -> per-step totals, groups and the top entries."""
+    per = sorted(((n, c / steps, us / steps / 1e3) for n, c, us in events if us > 0), key=lambda e: -e[2])
+    groups: dict[str, float] = {}
+    for name, _, ms in per:
+        groups[group_of(name)] = groups.get(group_of(name), 0.0) + ms
+    return {
+        "ms_per_step": sum(ms for _, _, ms in per),
+        "groups_ms_per_step": dict(sorted(groups.items(), key=lambda kv: -kv[1])),
+        "top": [{"name": n[:160], "calls_per_step": c, "ms_per_step": ms, "group": group_of(n)}
+                for n, c, ms in per[:top]],
+    }  # fmt: skip
+
+
+def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: list[int], steps: int,
+                warmup: int, graphs: bool, top: int) -> dict[str, Any]:  # fmt: skip
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from lumotree.platform.benches.arms import arm_engine
+
+    eng, req = arm_engine(model, arm, opts, eagle, prompt, warmup + steps, graphs)
+    for _ in range(warmup):
+        eng.step()
+    cuda = model.embed_tokens.weight.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(steps):
+            eng.step()
+        if cuda:
+            torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    eng.abort(req.req_id)
+    events = []
+    for e in prof.key_averages():
+        on_device = str(e.device_type).endswith("CUDA")
+        if cuda and on_device:
+            events.append((e.key, e.count, e.self_device_time_total))
+        elif not cuda and not on_device:
+            events.append((e.key, e.count, e.self_cpu_time_total))
+    return {"wall_ms_per_step": wall, "timing": "device" if cuda else "cpu_self",
+            **summarize(events, steps, top)}  # fmt: skip
+
+
+def run(shapes: str, device_name: str, arms: list[str], prompt_len: int, steps: int, warmup: int,
+        graphs: bool, top: int, draft_vocab: int) -> dict[str, Any]:  # fmt: skip
+    import torch
+
+    from lumotree.platform.benches import decode
+    from lumotree.platform.benches.arms import arm_runs
+    from lumotree.serving.drafters.eagle import random_eagle_layer
+
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    model = decode.random_model(shapes, device, dtype, mtp=True)
+    eagle = random_eagle_layer(model.config, device, dtype)
+    prompt = [(7 * i + 3) % model.config.vocab_size for i in range(prompt_len)]
+    runs = arm_runs(draft_vocab)
+    unknown = [a for a in arms if a not in runs]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; choose from {', '.join(runs)}")
+    report: dict[str, Any] = {"bench": "profile", "shapes": shapes, "device": device_name, "steps": steps,
+                              "prompt_len": prompt_len, "cuda_graphs": graphs, "draft_vocab": draft_vocab,
+                              "arms": {}}  # fmt: skip
+    for name in arms:
+        arm, opts = runs[name]
+        report["arms"][name] = profile_arm(model, arm, opts, eagle, prompt, steps, warmup, graphs, top)
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    for name, r in report["arms"].items():
+        t = Table(title=f"{name}: {r['ms_per_step']:.3f} ms of {r['timing']} time per step "
+                        f"(wall {r['wall_ms_per_step']:.2f} ms)", title_justify="left")  # fmt: skip
+        for col in ("group / kernel", "calls per step", "ms per step"):
+            t.add_column(col, justify="left" if col.startswith("group") else "right")
+        for g, ms in r["groups_ms_per_step"].items():
+            t.add_row(f"[bold]{g}[/]", "", f"{ms:.3f}")
+        for k in r["top"][:15]:
+            t.add_row(f"  {k['name'][:90]}", f"{k['calls_per_step']:.1f}", f"{k['ms_per_step']:.3f}")
+        Console().print(t)
+
+
+def register(bench_app: typer.Typer) -> None:
+    @bench_app.command("profile")
+    def profile_cmd(
+        shapes: Annotated[str, typer.Option(help="Model shapes (bench decode's): 27b | tiny.")] = "27b",
+        device: Annotated[
+            str | None, typer.Option(help="cuda or cpu (default: cuda when available).")
+        ] = None,
+        arms: Annotated[str, typer.Option(help="Arms of bench arms, comma-separated.")] = "ar,mtp5,lumotree",
+        prompt_len: Annotated[int, typer.Option(help="Committed prefix before profiling.")] = 256,
+        steps: Annotated[int, typer.Option(help="Profiled engine steps per arm.")] = 10,
+        warmup: Annotated[int, typer.Option(help="Unprofiled steps first.")] = 5,
+        cuda_graphs: Annotated[bool, typer.Option(help="Profile CUDA-graph replays.")] = False,
+        top: Annotated[int, typer.Option(help="Kernels kept per arm, by time.")] = 40,
+        draft_vocab: Annotated[int, typer.Option(help="Also offer the *_dv arms of bench arms.")] = 0,
+        as_json: Annotated[bool, typer.Option("--json", help="Print the JSON report.")] = False,
+        out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    ) -> None:
+        """Device time per step of each arm, by kernel and kernel group (torch.profiler)."""
+        import torch
+
+        from lumotree.platform.benches.decode import SHAPES
+
+        if shapes not in SHAPES:
+            raise typer.BadParameter(f"unknown shapes {shapes!r}; choose {', '.join(SHAPES)}")
+        if steps < 1:
+            raise typer.BadParameter("--steps must be at least 1")
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise typer.BadParameter("--device cuda: no CUDA device is available")
+        started = time.time()
+        try:
+            report = run(shapes, dev, [a.strip() for a in arms.split(",") if a.strip()], prompt_len, steps,
+                         warmup, cuda_graphs, top, draft_vocab)  # fmt: skip
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from e
+        text = stamped(report, dev, started)
+        if as_json:
+            print(text)
+        else:
+            print_table(report)
+        if out is not None:
+            out.write_text(text + "\n")
