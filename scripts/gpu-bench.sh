@@ -19,7 +19,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests decode gdn arms audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests decode gdn arms profile audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
