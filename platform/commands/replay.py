@@ -147,30 +147,33 @@ def run_replay_command(
     total = len(requests) * settings["runs"]
     warm_total = len(requests) * warmup
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    done = dict.fromkeys(targets, 0)
-    warmed = dict.fromkeys(targets, 0)
 
-    def advance(arm: str, run: int, i: int) -> None:
-        progress.advance(bars[arm])
-        done[arm] += 1
-        # A log file (no terminal) gets a plain line per tenth of each arm's work instead of a live bar.
-        if not console.is_terminal and (done[arm] % max(1, total // 10) == 0 or done[arm] == total):
-            console.print(f"{arm}: run {run + 1}/{settings['runs']}, {done[arm]}/{total} requests")
+    def counter(kind: str, passes: int, per_arm: int) -> Any:
+        """Progress callback of one kind of pass: advances the arm's bar; a log file (no terminal) gets a
+        plain line per tenth of each arm's work instead of a live bar."""
+        done = dict.fromkeys(targets, 0)
 
-    def advance_warmup(arm: str, w: int, i: int) -> None:
-        progress.advance(warm_bars[arm])
-        warmed[arm] += 1
-        if not console.is_terminal and (
-            warmed[arm] % max(1, warm_total // 10) == 0 or warmed[arm] == warm_total
-        ):
-            console.print(f"{arm}: warm-up {w + 1}/{warmup} (untimed), {warmed[arm]}/{warm_total} requests")
+        def advance(arm: str, index: int, i: int) -> None:
+            progress.advance(bar_sets[kind][arm])
+            done[arm] += 1
+            if not console.is_terminal and (done[arm] % max(1, per_arm // 10) == 0 or done[arm] == per_arm):
+                what = (
+                    f"run {index + 1}/{passes}"
+                    if kind == "timed"
+                    else f"warm-up {index + 1}/{passes} (untimed)"
+                )
+                console.print(f"{arm}: {what}, {done[arm]}/{per_arm} requests")
+
+        return advance
 
     with Progress(*columns, console=console) as progress:
         # Warm-up bars first (their passes run before any timed one); none when warm-up is off.
-        warm_bars: dict[str, TaskID] = {}
+        bar_sets: dict[str, dict[str, TaskID]] = {"warm-up": {}, "timed": {}}
         if warmup:
-            warm_bars = {n: progress.add_task(f"{n} warm-up (untimed)", total=warm_total) for n in targets}
-        bars = {n: progress.add_task(n, total=total) for n in targets}
+            bar_sets["warm-up"] = {
+                n: progress.add_task(f"{n} warm-up (untimed)", total=warm_total) for n in targets
+            }
+        bar_sets["timed"] = {n: progress.add_task(n, total=total) for n in targets}
         results = run_replay(
             requests,
             targets,
@@ -179,8 +182,8 @@ def run_replay_command(
             max_tokens=settings["max_tokens"],
             ignore_eos=settings["ignore_eos"],
             seed=settings["seed"],
-            on_request=advance,
-            on_warmup=advance_warmup,
+            on_request=counter("timed", settings["runs"], total),
+            on_warmup=counter("warm-up", warmup, warm_total),
         )
     summary = summarize_replay(results)
     config = {**settings, "git_commit": git_commit()}
