@@ -98,6 +98,22 @@ class PathPlan:
             self._device_cache[key] = tuple(lv.to(device) for lv in self.levels)
         return self._device_cache[key]
 
+    def fused_on(self, device: torch.device | str) -> LevelPlan:
+        """All levels as one launch's paths (level order kept, rows padded to the widest), on ``device``."""
+        key = "fused:" + str(torch.device(device))
+        if key not in self._device_cache:
+            width = max(self.max_lengths)
+            pad = lambda t, fill: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
+            cat = LevelPlan(
+                nodes=torch.cat([pad(lv.nodes, -1) for lv in self.levels]),
+                lens=torch.cat([lv.lens for lv in self.levels]),
+                start=torch.cat([lv.start for lv in self.levels]),
+                write=torch.cat([pad(lv.write, 0) for lv in self.levels]),
+                cut=torch.cat([pad(lv.cut, -1) for lv in self.levels]),
+            )
+            self._device_cache[key] = cat.to(device)
+        return self._device_cache[key]  # type: ignore[no-any-return]
+
 
 def _children(parents: Sequence[int]) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in parents]

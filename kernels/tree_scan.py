@@ -18,7 +18,7 @@ Shapes (fla layout, rows packed over sequences):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,9 +42,25 @@ class TreeScanConfig:
     """Software pipelining depth of the node loop (operand prefetch)."""
     plan_mode: str = "levels"
     """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``)."""
+    tiles: int = 2
+    """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
+    rounding does not change; two independent update chains per warp hide each other's latency and share
+    the q and k loads."""
+    fused: bool = True
+    """All levels in one launch: a path waits (spinning on a per-tile flag) only for the cut state it starts
+    from instead of for the whole previous level, so branches run beside the spine."""
 
 
 DEFAULT_CONFIG = TreeScanConfig()
+
+
+@triton.jit
+def _step(b_h, b_k, b_q, b_v, b_g, b_beta):
+    """One node of fla's fused-recurrent update on a [K, BV] state tile (same ops, same order)."""
+    b_h *= tl.exp(b_g)
+    b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
+    b_h += b_k[:, None] * b_v
+    return b_h, tl.sum(b_h * b_q[:, None], 0)
 
 
 @triton.jit
@@ -63,6 +79,7 @@ def _tree_scan_kernel(
     start,
     write,
     cutidx,
+    sync,
     scale,
     L,
     H: tl.constexpr,
@@ -71,30 +88,52 @@ def _tree_scan_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    TILES: tl.constexpr,
+    FUSED: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    NV = tl.cdiv(V, BV)
+    NT = tl.cdiv(tl.cdiv(V, BV), TILES)
+    if FUSED:
+        # A ticket, not the block index, names the work item: items are ordered so that a path's cut state
+        # comes from a smaller item, and a smaller ticket was taken by a program already running, so every
+        # wait ends. sync = [ticket, done, epoch, flags...]; a flag holds the epoch of the launch that set it.
+        pid = tl.atomic_add(sync, 1).to(tl.int64)
+        epoch = tl.load(sync + 2, volatile=True)
+    else:
+        pid = tl.program_id(0).to(tl.int64)
     # path-major order: every tile of the (long, first) paths is dispatched before the next path's
-    i_v = pid % NV
-    i_hv = (pid // NV) % HV
-    i_p = pid // (NV * HV)
+    i_t = pid % NT
+    i_hv = (pid // NT) % HV
+    i_p = pid // (NT * HV)
     i_h = i_hv // (HV // H)
 
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
+    o_v = i_t * (TILES * BV) + tl.arange(0, BV)
+    o_v1 = o_v + BV
     mask_k = o_k < K
     mask_v = o_v < V
+    mask_v1 = o_v1 < V
     mask_h = mask_k[:, None] & mask_v[None, :]
+    mask_h1 = mask_k[:, None] & mask_v1[None, :]
     tile = o_k[:, None] * V + o_v[None, :]
 
     n_len = tl.load(lens + i_p)
     s0 = tl.load(start + i_p).to(tl.int64)
     if s0 >= 0:
-        b_h = tl.load(cut + (s0 * HV + i_hv) * K * V + tile, mask=mask_h, other=0).to(tl.float32)
+        if FUSED:
+            flag = sync + 3 + (s0 * HV + i_hv) * NT + i_t
+            while tl.atomic_add(flag, 0, sem="acquire") != epoch:
+                pass
+            tl.debug_barrier()
+        src = cut + (s0 * HV + i_hv) * K * V + tile
     else:
         row = tl.load(h0_idx + (-s0 - 1)).to(tl.int64)
-        b_h = tl.load(h0 + (row * HV + i_hv) * K * V + tile, mask=mask_h, other=0).to(tl.float32)
+        src = h0 + (row * HV + i_hv) * K * V + tile
+    # .cg: a cut state written by another program during this launch must come from L2, not a stale L1
+    b_h = tl.load(src, mask=mask_h, other=0, cache_modifier=".cg").to(tl.float32)
+    b_h1 = b_h
+    if TILES == 2:
+        b_h1 = tl.load(src + BV, mask=mask_h1, other=0, cache_modifier=".cg").to(tl.float32)
 
     # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes: they do not
     # depend on the state, so their memory latency leaves the sequential chain. The math per step is fla's.
@@ -102,23 +141,23 @@ def _tree_scan_kernel(
     last = n_len - 1
     n_cur = tl.load(base).to(tl.int64)
     n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
-    p_q, p_k, p_v = (
-        q + (n_cur * H + i_h) * K + o_k,
-        k + (n_cur * H + i_h) * K + o_k,
-        v + (n_cur * HV + i_hv) * V + o_v,
-    )
-    nb_q = tl.load(p_q, mask=mask_k, other=0).to(tl.float32)
-    nb_k = tl.load(p_k, mask=mask_k, other=0).to(tl.float32)
-    nb_v = tl.load(p_v, mask=mask_v, other=0).to(tl.float32)
+    nb_q = tl.load(q + (n_cur * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    nb_k = tl.load(k + (n_cur * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    nb_v = tl.load(v + (n_cur * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+    nb_v1 = nb_v
+    if TILES == 2:
+        nb_v1 = tl.load(v + (n_cur * HV + i_hv) * V + o_v1, mask=mask_v1, other=0).to(tl.float32)
     nb_g = tl.load(g + n_cur * HV + i_hv).to(tl.float32)
     nb_beta = tl.load(beta + n_cur * HV + i_hv).to(tl.float32)
     for t in range(0, n_len):
         node = n_cur
-        b_q, b_k, b_v, b_g, b_beta = nb_q, nb_k, nb_v, nb_g, nb_beta
+        b_q, b_k, b_v, b_v1, b_g, b_beta = nb_q, nb_k, nb_v, nb_v1, nb_g, nb_beta
         n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
         nb_q = tl.load(q + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
         nb_k = tl.load(k + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
         nb_v = tl.load(v + (n_nxt * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
+        if TILES == 2:
+            nb_v1 = tl.load(v + (n_nxt * HV + i_hv) * V + o_v1, mask=mask_v1, other=0).to(tl.float32)
         nb_g = tl.load(g + n_nxt * HV + i_hv).to(tl.float32)
         nb_beta = tl.load(beta + n_nxt * HV + i_hv).to(tl.float32)
         n_cur, n_nxt = n_nxt, n_after
@@ -129,14 +168,30 @@ def _tree_scan_kernel(
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
             b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
         b_q = b_q * scale
-        b_h *= tl.exp(b_g)
-        b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
-        b_h += b_k[:, None] * b_v
-        b_o = tl.sum(b_h * b_q[:, None], 0)
+        b_h, b_o = _step(b_h, b_k, b_q, b_v, b_g, b_beta)
+        if TILES == 2:
+            b_h1, b_o1 = _step(b_h1, b_k, b_q, b_v1, b_g, b_beta)
         if w != 0:
-            tl.store(o + (node * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+            p_o = o + (node * HV + i_hv) * V + o_v
+            tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
+            if TILES == 2:
+                tl.store(p_o + BV, b_o1.to(o.dtype.element_ty), mask=mask_v1)
         if c >= 0:
-            tl.store(cut + (c * HV + i_hv) * K * V + tile, b_h, mask=mask_h)
+            p_c = cut + (c * HV + i_hv) * K * V + tile
+            tl.store(p_c, b_h, mask=mask_h)
+            if TILES == 2:
+                tl.store(p_c + BV, b_h1, mask=mask_h1)
+            if FUSED:
+                tl.debug_barrier()  # every thread's part of the tile is written before the flag says so
+                tl.atomic_xchg(sync + 3 + (c * HV + i_hv) * NT + i_t, epoch, sem="release")
+    if FUSED:
+        # The last program to finish rearms the launch: tickets and the done count back to 0, a new epoch
+        # (every program of this launch read the epoch before counting itself done).
+        total = tl.num_programs(0)
+        if tl.atomic_add(sync + 1, 1, sem="acq_rel") == total - 1:
+            tl.atomic_xchg(sync, 0)
+            tl.atomic_xchg(sync + 1, 0)
+            tl.atomic_add(sync + 2, 1, sem="release")
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -151,18 +206,37 @@ def _identity_rows(device: torch.device, n: int) -> torch.Tensor:
     return _workspace[key]
 
 
-def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """The per-device fp32 cut buffer, grown on demand and shared by all layers and calls.
+def _grown(key: tuple[str, int], numel: int, make: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """A per-device buffer of at least ``numel`` elements, replaced (never freed) when too small.
 
-    Under CUDA-graph capture it must already be large enough (warm up once outside capture)."""
-    key = (str(device), 0)
+    Under CUDA-graph capture it must already be large enough (warm up once outside capture): a captured
+    graph may still point at a replaced buffer, so old ones are kept alive."""
     buf = _workspace.get(key)
     if buf is None or buf.numel() < numel:
-        if buf is not None:  # a captured graph may still point at it: never free it
+        if buf is not None:
             _retired.append(buf)
-        buf = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
+        buf = make(max(numel, 1))
         _workspace[key] = buf
     return buf
+
+
+def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """The per-device fp32 cut buffer, grown on demand and shared by all layers and calls."""
+    return _grown((str(device), 0), numel, lambda n: torch.empty(n, dtype=torch.float32, device=device))
+
+
+def sync_workspace(device: torch.device, num_flags: int) -> torch.Tensor:
+    """The fused launch's int32 [ticket, done, epoch, flags...], shared by all layers and calls.
+
+    Launches on one stream run one after another, and each leaves ticket and done at 0 with a new epoch, so
+    no launch needs a reset; flags of an earlier launch hold an older epoch and read as not ready."""
+
+    def make(n: int) -> torch.Tensor:
+        buf = torch.zeros(n, dtype=torch.int32, device=device)
+        buf[2] = 1
+        return buf
+
+    return _grown((str(device), 1), 3 + num_flags, make)
 
 
 def tree_gdn(
@@ -224,16 +298,19 @@ def tree_gdn(
         state_indices = _identity_rows(device, plan.num_seqs)
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
-    levels = plan.on(device)
+    fused = config.fused and len(plan.levels) > 1
+    levels = (plan.fused_on(device),) if fused else plan.on(device)
     need = plan.num_cut * HV * K * V
     if cut_buffer is None:
         cut_buffer = cut_workspace(device, need)
     assert cut_buffer.numel() >= need and cut_buffer.dtype == torch.float32
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
-    NV = triton.cdiv(V, BV)
+    assert config.tiles in (1, 2), "tiles must be 1 or 2"
+    NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
+    sync = sync_workspace(device, plan.num_cut * HV * NT if fused else 0)
     for lv in levels:
-        _tree_scan_kernel[(lv.num_paths * HV * NV,)](
+        _tree_scan_kernel[(lv.num_paths * HV * NT,)](
             q,
             k,
             v,
@@ -248,6 +325,7 @@ def tree_gdn(
             lv.start,
             lv.write,
             lv.cut,
+            sync,
             scale,
             lv.max_len,
             H=H,
@@ -256,6 +334,8 @@ def tree_gdn(
             V=V,
             BK=BK,
             BV=BV,
+            TILES=config.tiles,
+            FUSED=fused,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
             num_warps=config.num_warps,
             num_stages=config.num_stages,

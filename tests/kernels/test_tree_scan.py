@@ -93,6 +93,26 @@ def test_scan_matches_reference_and_float64(name: str, mode: str) -> None:
     assert paired_rule_ok(e_tree.item(), e_nat.item(), o64.abs().amax().item()), (e_tree, e_nat)
 
 
+@pytest.mark.parametrize("name", ["hydra27", "deep64", "wide64"])
+def test_launch_variants_give_the_same_bits(name: str) -> None:
+    """Two value tiles per program and the fused single launch change the schedule, never the rounding:
+    every variant equals the one-tile, level-by-level scan bit for bit (that one equals native chains)."""
+    ts = _scan_module()
+    parents = TREES[name]
+    n = len(parents)
+    q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
+    run = lambda tiles, fused: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(
+        block_v=8, tiles=tiles, fused=fused))[0]  # fmt: skip
+    base = run(1, False)
+    ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
+    torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
+    for tiles, fused in ((2, False), (1, True), (2, True)):
+        assert torch.equal(run(tiles, fused), base), (tiles, fused)
+    bad = ts.TreeScanConfig(tiles=3)
+    with pytest.raises(AssertionError, match="tiles"):
+        ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=bad)
+
+
 def test_batched_trees_with_state_indices_and_bf16() -> None:
     """Two sequences packed (hydra27 + a chain), states picked from a pool by index, bf16 operands."""
     ts = _scan_module()
