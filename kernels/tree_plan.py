@@ -29,7 +29,7 @@ from functools import lru_cache
 
 import torch
 
-PLAN_MODES = ("levels", "flat")
+PLAN_MODES = ("levels", "flat", "auto")
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,11 @@ class PathPlan:
         return tuple(lv.num_paths for lv in self.levels)
 
     @property
+    def path_lengths(self) -> tuple[int, ...]:
+        """Node updates of every path, all levels (the scan's work per value tile)."""
+        return tuple(len(rows) for lv in self.paths for _, rows in lv)
+
+    @property
     def max_lengths(self) -> tuple[int, ...]:
         return tuple(lv.max_len for lv in self.levels)
 
@@ -97,23 +102,6 @@ class PathPlan:
         if key not in self._device_cache:
             self._device_cache[key] = tuple(lv.to(device) for lv in self.levels)
         return self._device_cache[key]
-
-    def fused_on(self, device: torch.device | str) -> LevelPlan:
-        """All levels as one launch's paths (level order kept, rows padded to the widest), on ``device``."""
-        key = "fused:" + str(torch.device(device))
-        if key not in self._device_cache:
-            width = max(self.max_lengths)
-            pad = lambda t, fill: torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill)
-            cat = LevelPlan(
-                nodes=torch.cat([pad(lv.nodes, -1) for lv in self.levels]),
-                lens=torch.cat([lv.lens for lv in self.levels]),
-                start=torch.cat([lv.start for lv in self.levels]),
-                write=torch.cat([pad(lv.write, 0) for lv in self.levels]),
-                cut=torch.cat([pad(lv.cut, -1) for lv in self.levels]),
-            )
-            self._device_cache[key] = cat.to(device)
-        return self._device_cache[key]  # type: ignore[no-any-return]
-
 
 def _children(parents: Sequence[int]) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in parents]
@@ -248,8 +236,14 @@ def plan_paths(
         rows are ordered parents before children. A tensor is read on the host (a device sync), so hot
         paths should pass host lists or reuse the plan of their tree descriptor.
     cu_seqlens [S+1]: row ranges per sequence (None = one sequence).
-    mode: "levels" (Algorithm 2, cut states between levels) or "flat" (root-to-leaf paths, one launch).
+    mode: "levels" (Algorithm 2, cut states between levels), "flat" (root-to-leaf paths, one launch) or
+        "auto" (flat unless its recomputed prefixes more than double the node updates, else levels).
     """
+    if mode == "auto":
+        flat = plan_paths(parents, cu_seqlens, "flat")
+        # Recomputing shared prefixes costs node updates but saves a launch and the cut-state round trip
+        # per level: on the H200 one launch wins for hydra27 (62 updates for 32 nodes), not for bushy trees.
+        return flat if sum(flat.path_lengths) <= 2 * flat.num_rows else plan_paths(parents, cu_seqlens)
     if mode not in PLAN_MODES:
         raise ValueError(f"unknown plan mode {mode!r}; choose one of {PLAN_MODES}")
     p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))

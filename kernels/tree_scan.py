@@ -1,9 +1,10 @@
 """Path-parallel GDN tree scan in Triton (Algorithm 2 of the LumoTree design).
 
-One program owns (path, value head, value tile): it loads its [K, BV] fp32 state tile once (the committed
-state or a cut state), keeps it in registers across the path's sequential node updates, writes each node's
-output, and exports the tile after every cut node into the cut buffer. One launch per level; a level starts
-only after the previous one wrote its cut states (stream order). Only outputs come out: durable state is
+One program owns (path, value head, one or two value tiles): it loads its [K, BV] fp32 state tiles once
+(the committed state or a cut state), keeps them in registers across the path's sequential node updates,
+writes each node's output, and exports the tiles after every cut node into the cut buffer. One launch per
+level; a level starts only after the previous one wrote its cut states (stream order). A "flat" plan is one
+level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer). Only outputs come out: durable state is
 published by native replay of the accepted path, so it stays bitwise that of plain decoding.
 
 The per-node arithmetic is fla's ``fused_recurrent_gated_delta_rule`` operation for operation (same loads,
@@ -18,7 +19,7 @@ Shapes (fla layout, rows packed over sequences):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,15 +41,13 @@ class TreeScanConfig:
     """Warps per program; the [K, BV] tile is split over them."""
     num_stages: int = 3
     """Software pipelining depth of the node loop (operand prefetch)."""
-    plan_mode: str = "levels"
-    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``)."""
+    plan_mode: str = "auto"
+    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks one
+    launch over root-to-leaf paths unless that more than doubles the node updates)."""
     tiles: int = 2
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two independent update chains per warp hide each other's latency and share
     the q and k loads."""
-    fused: bool = True
-    """All levels in one launch: a path waits (spinning on a per-tile flag) only for the cut state it starts
-    from instead of for the whole previous level, so branches run beside the spine."""
 
 
 DEFAULT_CONFIG = TreeScanConfig()
@@ -79,7 +78,6 @@ def _tree_scan_kernel(
     start,
     write,
     cutidx,
-    sync,
     scale,
     L,
     H: tl.constexpr,
@@ -89,18 +87,10 @@ def _tree_scan_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     TILES: tl.constexpr,
-    FUSED: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
-    if FUSED:
-        # A ticket, not the block index, names the work item: items are ordered so that a path's cut state
-        # comes from a smaller item, and a smaller ticket was taken by a program already running, so every
-        # wait ends. sync = [ticket, done, epoch, flags...]; a flag holds the epoch of the launch that set it.
-        pid = tl.atomic_add(sync, 1).to(tl.int64)
-        epoch = tl.load(sync + 2, volatile=True)
-    else:
-        pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0).to(tl.int64)
     # path-major order: every tile of the (long, first) paths is dispatched before the next path's
     i_t = pid % NT
     i_hv = (pid // NT) % HV
@@ -120,20 +110,14 @@ def _tree_scan_kernel(
     n_len = tl.load(lens + i_p)
     s0 = tl.load(start + i_p).to(tl.int64)
     if s0 >= 0:
-        if FUSED:
-            flag = sync + 3 + (s0 * HV + i_hv) * NT + i_t
-            while tl.atomic_add(flag, 0, sem="acquire") != epoch:
-                pass
-            tl.debug_barrier()
         src = cut + (s0 * HV + i_hv) * K * V + tile
     else:
         row = tl.load(h0_idx + (-s0 - 1)).to(tl.int64)
         src = h0 + (row * HV + i_hv) * K * V + tile
-    # .cg: a cut state written by another program during this launch must come from L2, not a stale L1
-    b_h = tl.load(src, mask=mask_h, other=0, cache_modifier=".cg").to(tl.float32)
+    b_h = tl.load(src, mask=mask_h, other=0).to(tl.float32)
     b_h1 = b_h
     if TILES == 2:
-        b_h1 = tl.load(src + BV, mask=mask_h1, other=0, cache_modifier=".cg").to(tl.float32)
+        b_h1 = tl.load(src + BV, mask=mask_h1, other=0).to(tl.float32)
 
     # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes: they do not
     # depend on the state, so their memory latency leaves the sequential chain. The math per step is fla's.
@@ -181,17 +165,6 @@ def _tree_scan_kernel(
             tl.store(p_c, b_h, mask=mask_h)
             if TILES == 2:
                 tl.store(p_c + BV, b_h1, mask=mask_h1)
-            if FUSED:
-                tl.debug_barrier()  # every thread's part of the tile is written before the flag says so
-                tl.atomic_xchg(sync + 3 + (c * HV + i_hv) * NT + i_t, epoch, sem="release")
-    if FUSED:
-        # The last program to finish rearms the launch: tickets and the done count back to 0, a new epoch
-        # (every program of this launch read the epoch before counting itself done).
-        total = tl.num_programs(0)
-        if tl.atomic_add(sync + 1, 1, sem="acq_rel") == total - 1:
-            tl.atomic_xchg(sync, 0)
-            tl.atomic_xchg(sync + 1, 0)
-            tl.atomic_add(sync + 2, 1, sem="release")
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -206,37 +179,18 @@ def _identity_rows(device: torch.device, n: int) -> torch.Tensor:
     return _workspace[key]
 
 
-def _grown(key: tuple[str, int], numel: int, make: Callable[[int], torch.Tensor]) -> torch.Tensor:
-    """A per-device buffer of at least ``numel`` elements, replaced (never freed) when too small.
+def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """The per-device fp32 cut buffer, grown on demand and shared by all layers and calls.
 
-    Under CUDA-graph capture it must already be large enough (warm up once outside capture): a captured
-    graph may still point at a replaced buffer, so old ones are kept alive."""
+    Under CUDA-graph capture it must already be large enough (warm up once outside capture)."""
+    key = (str(device), 0)
     buf = _workspace.get(key)
     if buf is None or buf.numel() < numel:
-        if buf is not None:
+        if buf is not None:  # a captured graph may still point at it: never free it
             _retired.append(buf)
-        buf = make(max(numel, 1))
+        buf = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
         _workspace[key] = buf
     return buf
-
-
-def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """The per-device fp32 cut buffer, grown on demand and shared by all layers and calls."""
-    return _grown((str(device), 0), numel, lambda n: torch.empty(n, dtype=torch.float32, device=device))
-
-
-def sync_workspace(device: torch.device, num_flags: int) -> torch.Tensor:
-    """The fused launch's int32 [ticket, done, epoch, flags...], shared by all layers and calls.
-
-    Launches on one stream run one after another, and each leaves ticket and done at 0 with a new epoch, so
-    no launch needs a reset; flags of an earlier launch hold an older epoch and read as not ready."""
-
-    def make(n: int) -> torch.Tensor:
-        buf = torch.zeros(n, dtype=torch.int32, device=device)
-        buf[2] = 1
-        return buf
-
-    return _grown((str(device), 1), 3 + num_flags, make)
 
 
 def tree_gdn(
@@ -298,8 +252,7 @@ def tree_gdn(
         state_indices = _identity_rows(device, plan.num_seqs)
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
-    fused = config.fused and len(plan.levels) > 1
-    levels = (plan.fused_on(device),) if fused else plan.on(device)
+    levels = plan.on(device)
     need = plan.num_cut * HV * K * V
     if cut_buffer is None:
         cut_buffer = cut_workspace(device, need)
@@ -308,7 +261,6 @@ def tree_gdn(
     BV = min(config.block_v, triton.next_power_of_2(V))
     assert config.tiles in (1, 2), "tiles must be 1 or 2"
     NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
-    sync = sync_workspace(device, plan.num_cut * HV * NT if fused else 0)
     for lv in levels:
         _tree_scan_kernel[(lv.num_paths * HV * NT,)](
             q,
@@ -325,7 +277,6 @@ def tree_gdn(
             lv.start,
             lv.write,
             lv.cut,
-            sync,
             scale,
             lv.max_len,
             H=H,
@@ -335,7 +286,6 @@ def tree_gdn(
             BK=BK,
             BV=BV,
             TILES=config.tiles,
-            FUSED=fused,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
             num_warps=config.num_warps,
             num_stages=config.num_stages,

@@ -273,7 +273,7 @@ class TreeTopology:
             self._cache[key] = m.to(device)
         return self._cache[key]  # type: ignore[no-any-return]
 
-    def plan(self, mode: str = "levels") -> PathPlan:
+    def plan(self, mode: str = "auto") -> PathPlan:
         """The GDN scan plan of this tree (cached in kernels.tree_plan per topology)."""
         return plan_paths(self.parents, mode=mode)
 

@@ -22,11 +22,10 @@ from lumotree.kernels import tree_scan as ts
 fn = ts._tree_scan_kernel
 sig = {n: "*bf16" for n in ("q", "k", "v", "o")}
 sig.update({n: "*fp32" for n in ("g", "beta", "h0", "cut")})
-sig.update({n: "*i32" for n in ("h0_idx", "nodes", "lens", "start", "write", "cutidx", "sync")})
+sig.update({n: "*i32" for n in ("h0_idx", "nodes", "lens", "start", "write", "cutidx")})
 sig.update(scale="fp32", L="i32")
-for bv, tiles, fused in ((8, 2, True), (8, 1, False), (16, 1, True)):
-    consts = dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles, FUSED=fused,
-                  USE_QK_L2NORM_IN_KERNEL=False)
+for bv, tiles in ((8, 2), (8, 1), (16, 1)):
+    consts = dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles, USE_QK_L2NORM_IN_KERNEL=False)
     src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     triton.compile(src, target=GPUTarget("cuda", 90, 32))

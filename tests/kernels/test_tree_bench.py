@@ -13,7 +13,7 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     cli = [sys.executable, "-c", "from lumotree.platform.cli import main; main()"]
     cmd = cli + ["bench", "gdn", "--device", "cpu", "--layers", "1",
            "--hv", "2", "--hk", "1", "--dk", "8", "--dv", "8", "--tree", "chain3", "--accept-depth", "2",
-           "--warmup", "0", "--iters", "1", "--configs", "8:1:2:1,16:1", "--json",
+           "--warmup", "0", "--iters", "1", "--configs", "8:1:2,16:1", "--json",
            "--out", str(out)]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)

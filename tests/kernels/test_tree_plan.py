@@ -81,3 +81,12 @@ def test_rejects_bad_parents() -> None:
         plan_paths([-1, 2, 0])
     with pytest.raises(ValueError, match="cu_seqlens"):
         plan_paths([-1, 0], [0, 3])
+
+
+def test_auto_mode_picks_one_launch_only_when_recomputation_stays_small() -> None:
+    assert plan_paths(HYDRA, mode="auto").mode == "flat"  # 62 updates for 32 nodes
+    bushy = [-1] + [0] * 3 + [1 + i // 3 for i in range(9)] + [4 + i // 3 for i in range(27)]
+    auto = plan_paths(bushy, mode="auto")  # 27 leaves at depth 3: flat would do 108 updates for 40 nodes
+    assert auto.mode == "levels" and sum(auto.path_lengths) == len(bushy)
+    with pytest.raises(ValueError, match="unknown plan mode"):
+        plan_paths(HYDRA, mode="bogus")

@@ -94,23 +94,22 @@ def test_scan_matches_reference_and_float64(name: str, mode: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["hydra27", "deep64", "wide64"])
-def test_launch_variants_give_the_same_bits(name: str) -> None:
-    """Two value tiles per program and the fused single launch change the schedule, never the rounding:
-    every variant equals the one-tile, level-by-level scan bit for bit (that one equals native chains)."""
+def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
+    """Two value tiles per program and either plan change the schedule, never the rounding: every variant
+    equals the one-tile, level-by-level scan bit for bit (which equals native chains, test above)."""
     ts = _scan_module()
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-    run = lambda tiles, fused: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(
-        block_v=8, tiles=tiles, fused=fused))[0]  # fmt: skip
-    base = run(1, False)
+    cfg = lambda tiles, mode: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode)
+    run = lambda tiles, mode: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg(tiles, mode))[0]
+    base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
-    for tiles, fused in ((2, False), (1, True), (2, True)):
-        assert torch.equal(run(tiles, fused), base), (tiles, fused)
-    bad = ts.TreeScanConfig(tiles=3)
+    for tiles, mode in ((2, "levels"), (1, "flat"), (2, "auto")):
+        assert torch.equal(run(tiles, mode), base), (tiles, mode)
     with pytest.raises(AssertionError, match="tiles"):
-        ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=bad)
+        ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
 
 
 def test_batched_trees_with_state_indices_and_bf16() -> None:
