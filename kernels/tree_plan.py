@@ -103,6 +103,7 @@ class PathPlan:
             self._device_cache[key] = tuple(lv.to(device) for lv in self.levels)
         return self._device_cache[key]
 
+
 def _children(parents: Sequence[int]) -> list[list[int]]:
     kids: list[list[int]] = [[] for _ in parents]
     for i, p in enumerate(parents):

@@ -4,8 +4,9 @@ One program owns (path, value head, one or two value tiles): it loads its [K, BV
 (the committed state or a cut state), keeps them in registers across the path's sequential node updates,
 writes each node's output, and exports the tiles after every cut node into the cut buffer. One launch per
 level; a level starts only after the previous one wrote its cut states (stream order). A "flat" plan is one
-level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer). Only outputs come out: durable state is
-published by native replay of the accepted path, so it stays bitwise that of plain decoding.
+level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer). Only
+outputs come out: durable state is published by native replay of the accepted path, so it stays bitwise
+that of plain decoding.
 
 The per-node arithmetic is fla's ``fused_recurrent_gated_delta_rule`` operation for operation (same loads,
 same l2norm, same order of scale / decay / delta / output), so a chain reproduces fla's decode numerics.
