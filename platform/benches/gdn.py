@@ -4,8 +4,9 @@ Shapes default to the 27B model's GDN (48 layers, 48 value / 16 key heads, K = V
 hydra27 bucket. Operands are what the model records: q, k l2-normalised fp32, v, g, beta fp32. Methods:
 
 - lumotree: verify = path-parallel tree scan per layer (launch configs swept; the served default reported),
-  publish = native replay of the accepted path (the spine to ``--accept-depth``) through fla's
-  fused-recurrent kernel, all layers folded into its batch dimension, final state written in place;
+  publish = the engine's commit (``serving.model.commit.publish_recurrent``): native replay of the accepted
+  path (the spine to ``--accept-depth``) through fla's fused-recurrent kernel, all layers folded into its
+  batch dimension, from gathered pre-tree states, scattered back (variants: per layer; on CUDA in place);
 - pytorch_node: the per-node PyTorch recurrence storing every node's state (eager only);
 - native_path: fla decode steps over the tree depth by depth, every node's full state stored, publish = copy
   of the accepted node's state;
@@ -89,9 +90,11 @@ def run_gdn_bench(
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
 
-    from lumotree.kernels import tree_scan
+    from lumotree.kernels import dispatch, tree_scan
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.tree import chain, load_builtin
+    from lumotree.serving.model.commit import publish_recurrent
+    from lumotree.serving.model.record import ReplayStack
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
@@ -118,21 +121,21 @@ def run_gdn_bench(
     log(f"device {device}, tree {topo.name} ({R} rows, {len(active)} active), {L} layers")
 
     def native_chain(*args: Any, cu: Any = None) -> Any:
-        """Native decoding of (q, k, v, g, beta, h0): fla on CUDA; on CPU the per-node reference (fla's
-        kernel under the Triton interpreter is not reliable here)."""
+        """Native decoding of (q, k, v, g, beta, h0): the engine's decode entry point; with packed sequences
+        ``cu`` fla's varlen form on CUDA and on CPU the per-node reference (fla's kernel under the Triton
+        interpreter is not reliable here)."""
         ql, kl, vl, gl, bl, h0 = args
+        if cu is None:
+            return dispatch.gdn_decode(ql, kl, vl, gl, bl, scale, h0)
         if cuda:
             from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla
 
             return fla(ql, kl, vl, g=gl, beta=bl, scale=scale, initial_state=h0, output_final_state=True,
                        cu_seqlens=cu)  # fmt: skip
-        B, T = ql.shape[:2]
-        if B > 1:  # fold the batch into packed sequences, as fla's varlen form does
-            ql, kl, vl, gl, bl = (x.reshape(1, B * T, *x.shape[2:]) for x in (ql, kl, vl, gl, bl))
-        cu_l = list(range(0, B * T + 1, T)) if cu is None else cu.tolist()
+        cu_l = cu.tolist()
         par = [j - cu_l[s] - 1 for s in range(len(cu_l) - 1) for j in range(cu_l[s], cu_l[s + 1])]
         res = tree_gdn_ref(ql, kl, vl, gl, bl, par, h0, scale, cu_seqlens=cu_l, output_node_states=True)
-        return res[0].reshape(B, -1, *res[0].shape[2:]), states_of(res)[torch.tensor(cu_l[1:]) - 1]
+        return res[0], states_of(res)[torch.tensor(cu_l[1:]) - 1]
 
     results: dict[str, Any] = {"device": str(device), "tree": topo.name, "rows": R, "active": len(active)}
     results["shapes"] = {"layers": L, "hv": hv, "hk": hk, "dk": dk, "dv": dv, "accept_depth": accept_depth}
@@ -148,15 +151,19 @@ def run_gdn_bench(
             _, fin = native_chain(*(x[li : li + 1] for x in (qa, ka, va, ga, ba)), flat_pool[li : li + 1])
             flat_pool[li].copy_(fin[0])
 
-    def publish_folded() -> None:
-        _, fin = native_chain(qa, ka, va, ga, ba, flat_pool)
-        flat_pool.copy_(fin)
+    # What the engine's commit runs, on this bench's one-sequence pool (rows = the accepted spine).
+    stack = ReplayStack(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], q.new_empty(L, 0, 1), 0)
+    acc_packed, acc_valid = acc_rows[None, :], torch.ones(1, D, dtype=torch.bool, device=device)
+    seq_rows = torch.zeros(1, dtype=torch.long, device=device)
+
+    def publish_served() -> None:
+        publish_recurrent(stack, acc_packed, acc_valid, seq_rows, pool, scale)
 
     def publish_inplace() -> None:
         tree_scan.native_replay_(qa, ka, va, ga, ba, flat_pool, scale)
 
-    publishers = {"per_layer": publish_per_layer, "folded": publish_folded}
-    if cuda:
+    publishers = {"served": publish_served, "per_layer": publish_per_layer}
+    if cuda:  # fla's kernel with its final state aliased to the pool: not what the engine runs (yet)
         publishers["inplace"] = publish_inplace
 
     # ---- verify variants -------------------------------------------------------------------------
@@ -207,7 +214,7 @@ def run_gdn_bench(
         pub_times[name] = {("graph" if gm else "eager"): _time(fn, torch, device, warmup, iters, gm) for gm in
                            modes_graph}  # fmt: skip
     results["publish_variants"] = pub_times
-    best_pub = min(pub_times, key=lambda n: pub_times[n][key]["median_ms"])
+    best_pub = "served"  # the headline is the engine's commit, like the verify config above
     publish = publishers[best_pub]
 
     def total() -> None:
@@ -226,7 +233,7 @@ def run_gdn_bench(
     plan = plans[best["plan"]]
     cut_mib = plan.cut_buffer_bytes(hv, dk, dv) / 2**20
     out_mib = R * hv * dv * 4 / 2**20
-    pub_tmp = {"inplace": 0.0, "per_layer": state_mib / L, "folded": state_mib}[best_pub]
+    pub_tmp = 2 * state_mib  # publish_recurrent's gathered states and final states, all layers at once
     lumo["named_buffers_mib"] = {
         "cut_states": cut_mib,
         "tree_outputs_per_layer": out_mib,

@@ -33,12 +33,14 @@ def _pad_gather(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> tor
     return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device)).flatten(0, 1)
 
 
-def _publish_recurrent(
+def publish_recurrent(
     ops: ReplayStack, rows: torch.Tensor, valid: torch.Tensor, state_rows: torch.Tensor, pool: torch.Tensor,
     scale: float,
 ) -> None:  # fmt: skip
     """Replay every layer's path in ONE decode launch: layers x sequences fold into the kernel's batch, whose
-    entries never interact, so each (batch, head) computes exactly what a per-layer launch would."""
+    entries never interact, so each (batch, head) computes exactly what a per-layer launch would. Only q, k,
+    v, g and beta of ``ops`` are read. Temporaries: the gathered pre-tree states and the kernel's final
+    states, each [L * S, HV, K, V] fp32 (``bench gdn`` counts them)."""
     L, n = pool.shape[:2]
     # (layer, sequence) -> row of the [L * rows] pool view: dim-0 row copies run twice as fast as dim-1 ones
     flat_rows = (torch.arange(L, device=pool.device)[:, None] * n + state_rows[None, :]).reshape(-1)
@@ -75,7 +77,7 @@ def commit_tree(record: TreeRecord, accepted_rows: torch.Tensor, caches: StateCa
     lens = valid.sum(1)
     rows = batch.cu_seqlens[:-1, None] + acc.clamp_min(0)  # packed row of each path step
     if record.stack is not None:
-        _publish_recurrent(record.stack, rows, valid, batch.state_rows, caches.recurrent.state, record.scale)
+        publish_recurrent(record.stack, rows, valid, batch.state_rows, caches.recurrent.state, record.scale)
         _publish_conv(record.stack, rows, lens, batch.state_rows, caches.conv.state)
 
     # KV: every path step j moves from its tree slot to the slot of logical position context_len + j.
