@@ -92,9 +92,9 @@ def run_gdn_bench(
 
     from lumotree.kernels import dispatch, tree_scan
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
-    from lumotree.serving.tree import chain, load_builtin
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
+    from lumotree.serving.tree import chain, load_builtin
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
