@@ -1,7 +1,8 @@
 """The one place that picks GDN kernels: fla-core's Triton kernels on CUDA, the PyTorch references elsewhere.
 
 fla is imported lazily and only for CUDA tensors (importing it on a machine without a GPU driver breaks).
-Set ``LUMOTREE_GDN_BACKEND=ref`` to force the references everywhere (e.g. to compare on a GPU).
+Set ``LUMOTREE_GDN_BACKEND=ref`` to force the references everywhere (e.g. to compare on a GPU), and
+``LUMOTREE_GDN_STATE=rows`` to decode from state-pool rows in place (``gdn_decode_rows_``).
 
 Operand convention for every entry point (fla layout): q, k [B, T, H, K] already l2-normalised (fp32), v
 [B, T, HV, V], g (log decay) and beta (post-sigmoid) [B, T, HV]; states [N, HV, K, V] fp32.
@@ -72,6 +73,30 @@ def gdn_decode(
     o, s = gdn_ref.recurrent_gdn_ref(q, k, v, g, beta, scale, initial_state, True)
     assert s is not None
     return o, s
+
+
+def decodes_in_place(x: torch.Tensor) -> bool:
+    """Whether ``gdn_decode_rows_`` runs the rows kernel for operands like ``x`` (no temporaries)."""
+    flag = os.environ.get("LUMOTREE_GDN_STATE", "gather")
+    return flag == "force" or (flag == "rows" and use_triton(x))
+
+
+def gdn_decode_rows_(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+    pool: torch.Tensor, rows: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """Native decoding (``gdn_decode``) of B sequences whose states are ``pool[rows]``, written back in place;
+    returns o. The AR step and the commit's replay both come here, so a published state is the very
+    arithmetic of plain decoding. With ``LUMOTREE_GDN_STATE=rows`` on CUDA the rows are read and written by
+    the kernel itself (``kernels.gdn_decode``; ``force`` runs it on any device, for CPU tests under
+    TRITON_INTERPRET=1); otherwise they are gathered around fla's kernel."""
+    if decodes_in_place(q):
+        from .gdn_decode import decode_rows_
+
+        return decode_rows_(q, k, v, g, beta, scale, pool, rows)
+    o, final = gdn_decode(q, k, v, g, beta, scale, pool.index_select(0, rows))
+    pool.index_copy_(0, rows, final)
+    return o
 
 
 TreeFn = Callable[..., tuple[torch.Tensor, Any]]

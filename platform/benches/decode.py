@@ -121,8 +121,10 @@ VARIANTS = {
     "fused": {"LUMOTREE_FUSED": "1", "LUMOTREE_GDN_BACKEND": "auto"},
     "unfused": {"LUMOTREE_FUSED": "0", "LUMOTREE_GDN_BACKEND": "auto"},
     "ref": {"LUMOTREE_FUSED": "0", "LUMOTREE_GDN_BACKEND": "ref"},
+    "rows": {"LUMOTREE_FUSED": "1", "LUMOTREE_GDN_BACKEND": "auto", "LUMOTREE_GDN_STATE": "rows"},
 }
-"""Kernel choices: fused Triton row kernels + fla (default), fla only, PyTorch references only."""
+"""Kernel choices: fused Triton row kernels + fla (default), fla only, PyTorch references only, and fused
+with the recurrent state decoded in place from its pool rows (``kernels.gdn_decode``)."""
 
 
 def _time_variant(
@@ -215,10 +217,12 @@ def run(
     bw = copy_bandwidth(device, 1 << 30 if device.type == "cuda" else 1 << 24)
     floor_ms = wbytes / bw * 1e3
     out.update(weight_bytes=wbytes, copy_bandwidth_GBps=bw / 1e9, floor_ms=floor_ms, variants={})
-    saved = {k: os.environ.get(k) for k in ("LUMOTREE_FUSED", "LUMOTREE_GDN_BACKEND")}
+    saved = {k: os.environ.get(k) for k in {k for env in VARIANTS.values() for k in env}}
     best: tuple[float, str, str] | None = None
     ref_logits, ref_name = None, ""
     for name in variants:
+        for k in saved:  # a variant names only what it sets; the rest is the default
+            os.environ.pop(k, None)
         os.environ.update(VARIANTS[name])
         try:
             res = _time_variant(model, batch, context, warmup, iters, graph)

@@ -90,7 +90,7 @@ def run_gdn_bench(
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
 
-    from lumotree.kernels import dispatch, tree_scan
+    from lumotree.kernels import dispatch, gdn_decode, tree_scan
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
@@ -162,9 +162,15 @@ def run_gdn_bench(
     def publish_inplace() -> None:
         tree_scan.native_replay_(qa, ka, va, ga, ba, flat_pool, scale)
 
+    def publish_rows() -> None:
+        gdn_decode.decode_rows_(qa, ka, va, ga, ba, scale, flat_pool, layer_rows)
+
+    layer_rows = torch.arange(L, device=device)
     publishers = {"served": publish_served, "per_layer": publish_per_layer}
-    if cuda:  # fla's kernel with its final state aliased to the pool: not what the engine runs (yet)
+    # CUDA only: fla's kernel with its final state aliased to the pool, and the rows kernel
+    if cuda:
         publishers["inplace"] = publish_inplace
+        publishers["rows"] = publish_rows
 
     # ---- verify variants -------------------------------------------------------------------------
     plans = {m: topo.plan(m) for m in ("levels", "flat")}
@@ -233,7 +239,8 @@ def run_gdn_bench(
     plan = plans[best["plan"]]
     cut_mib = plan.cut_buffer_bytes(hv, dk, dv) / 2**20
     out_mib = R * hv * dv * 4 / 2**20
-    pub_tmp = 2 * state_mib  # publish_recurrent's gathered states and final states, all layers at once
+    # publish_recurrent's gathered and final states, all layers at once (none when it decodes in place)
+    pub_tmp = 0.0 if dispatch.decodes_in_place(q) else 2 * state_mib
     lumo["named_buffers_mib"] = {
         "cut_states": cut_mib,
         "tree_outputs_per_layer": out_mib,

@@ -6,10 +6,10 @@ of the previous step) first, padded with -1. The next pending token is not in it
 Every surface is published for all layers at once (the record stacks the GDN operands [L, ...] and the pools
 are [L, rows, ...]), so the commit is a fixed number of kernels whatever the depth of the model.
 
-- Recurrent: the recorded operands of the path replay through the native decode kernel
-  (``dispatch.gdn_decode``) from the pre-tree state, one launch with layers x sequences as its batch; padded
-  steps carry g = 0, beta = 0, which leave the state bitwise unchanged (exp(0) = 1, u = 0), so the published
-  fp32 state is bitwise that of decoding the path.
+- Recurrent: the recorded operands of the path replay through AR decoding's entry point
+  (``dispatch.gdn_decode_rows_``) from the pre-tree state, one launch with layers x sequences as its
+  batch; padded steps carry g = 0, beta = 0, which leave the state bitwise unchanged (exp(0) = 1, u = 0),
+  so the published fp32 state is bitwise that of decoding the path.
 - Conv: the new history is the last (kernel - 1) pre-conv inputs along [old history ; path].
 - KV: the accepted rows' K/V move from their tree slots to the slots of logical positions context_len + j
   (with spine-contiguous slots the common case copies a row onto itself).
@@ -39,15 +39,15 @@ def publish_recurrent(
 ) -> None:  # fmt: skip
     """Replay every layer's path in ONE decode launch: layers x sequences fold into the kernel's batch, whose
     entries never interact, so each (batch, head) computes exactly what a per-layer launch would. Only q, k,
-    v, g and beta of ``ops`` are read. Temporaries: the gathered pre-tree states and the kernel's final
-    states, each [L * S, HV, K, V] fp32 (``bench gdn`` counts them)."""
+    v, g and beta of ``ops`` are read. Temporaries in the gather form (``dispatch.gdn_decode_rows_``): the
+    gathered pre-tree states and the kernel's final states, each [L * S, HV, K, V] fp32; none in the rows
+    form."""
     L, n = pool.shape[:2]
     # (layer, sequence) -> row of the [L * rows] pool view: dim-0 row copies run twice as fast as dim-1 ones
     flat_rows = (torch.arange(L, device=pool.device)[:, None] * n + state_rows[None, :]).reshape(-1)
     flat = pool.view(L * n, *pool.shape[2:])
     q, k, v, g, beta = (_pad_gather(x, rows, valid) for x in (ops.q, ops.k, ops.v, ops.g, ops.beta))
-    _, final = dispatch.gdn_decode(q, k, v, g, beta, scale, flat.index_select(0, flat_rows))
-    flat.index_copy_(0, flat_rows, final)
+    dispatch.gdn_decode_rows_(q, k, v, g, beta, scale, flat, flat_rows)
 
 
 def _publish_conv(

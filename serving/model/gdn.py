@@ -76,17 +76,8 @@ class GatedDeltaNet(nn.Module):
 
         pool = caches.recurrent.state[li]
         if batch.mode == "decode":
-            o, final = dispatch.gdn_decode(
-                q[:, None],
-                k[:, None],
-                v[:, None],
-                g[:, None],
-                beta[:, None],
-                self.scale,
-                pool.index_select(0, rows),
-            )
-            pool.index_copy_(0, rows, final)
-            o = o[:, 0]
+            qt, kt, vt, gt, bt = (x[:, None] for x in (q, k, v, g, beta))
+            o = dispatch.gdn_decode_rows_(qt, kt, vt, gt, bt, self.scale, pool, rows)[:, 0]
         elif batch.mode == "prefill":
             o, final = dispatch.gdn_prefill(
                 q[None], k[None], v[None], g[None], beta[None], self.scale, pool.index_select(0, rows),

@@ -1,4 +1,4 @@
-"""The tree scan compiles for the H200 (sm_90) on a machine without a GPU.
+"""The tree scan and the in-place rows decode compile for the H200 (sm_90) on a machine without a GPU.
 
 The interpreter runs the kernels' semantics on CPU but accepts code the compiler rejects; compiling ahead
 of time catches that before any GPU time is spent. Runs in a subprocess: the interpreter flag other tests
@@ -29,11 +29,21 @@ for bv, tiles in ((8, 2), (8, 1), (16, 1)):
     src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+from lumotree.kernels import gdn_decode as gd
+
+fn = gd._decode_rows_kernel
+sig = {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "o", "pool")}
+sig.update(rows="*i64", scale="fp32", T="i32")
+consts = dict(H=16, HV=48, K=128, V=128, BK=128, BV=8)
+src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
+                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+triton.compile(src, target=GPUTarget("cuda", 90, 32))
 print("ok")
 """
 
 
-def test_tree_scan_compiles_for_sm90() -> None:
+def test_kernels_compile_for_sm90() -> None:
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-c", SCRIPT]

@@ -1,5 +1,5 @@
-"""Fused decode-path Triton kernels (norms, SwiGLU product, GDN operand prep) vs their PyTorch twins,
-under TRITON_INTERPRET=1."""
+"""Fused decode-path Triton kernels (norms, SwiGLU product, GDN operand prep) vs their PyTorch twins, and
+the whole model through them or through the in-place rows decode, under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -61,17 +61,20 @@ def test_gdn_prep_matches_twin() -> None:
     assert torch.allclose(got[0].norm(dim=-1), torch.ones(R, hk), atol=1e-4)
 
 
-def test_model_with_fused_kernels_matches_reference_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole model (prefill, decode, tree) through the fused kernels equals the PyTorch-twin path."""
-    _fresh("lumotree.kernels.norm")
-    _fresh("lumotree.kernels.gdn_prep")
+@pytest.mark.parametrize("switch", ["LUMOTREE_FUSED", "LUMOTREE_GDN_STATE"])
+def test_model_through_triton_kernels_matches_default(switch: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole model (prefill, decode over out-of-order pool rows, a tree forward, its commit, decode
+    after it) through the fused row kernels, or through the in-place rows decode (``kernels.gdn_decode``),
+    equals the default path."""
+    for name in ("norm", "gdn_prep", "tree_scan", "gdn_decode"):
+        _fresh(f"lumotree.kernels.{name}")
     from lumotree.serving.cache import CacheConfig, StateCaches
     from lumotree.serving.config import ModelConfig
     from lumotree.serving.model import HybridModel
 
     cfg = ModelConfig(
         vocab_size=50, hidden_size=32, intermediate_size=48,
-        layer_types=("linear_attention", "full_attention"),
+        layer_types=("linear_attention", "full_attention", "linear_attention"),
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=1,
         linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
     )  # fmt: skip
@@ -82,20 +85,22 @@ def test_model_with_fused_kernels_matches_reference_path(monkeypatch: pytest.Mon
             p.normal_(0, 0.2)
 
     def run() -> list[torch.Tensor]:
-        caches = StateCaches(cfg, CacheConfig(max_seqs=2, num_blocks=8, block_size=4))
-        caches.allocate(0, 0)
-        caches.allocate(1, 0)
-        outs = [model(caches.make_batch("prefill", [0, 1], [[1, 2, 3], [4, 5]], [0, 0]), caches)]
-        outs.append(model(caches.make_batch("decode", [0, 1], [[6], [7]], [3, 2]), caches))
-        outs.append(
-            model(caches.make_batch("tree", [0, 1], [[8, 9, 10], [11]], [4, 3], [[-1, 0, 0], [-1]]), caches)
-        )
+        caches = StateCaches(cfg, CacheConfig(max_seqs=3, num_blocks=12, block_size=4))
+        for s in range(3):
+            caches.allocate(s, 0)
+        seqs = [2, 0]  # pool rows out of order, row 1 idle
+        outs = [model(caches.make_batch("prefill", seqs, [[1, 2, 3], [4, 5]], [0, 0]), caches)]
+        outs.append(model(caches.make_batch("decode", seqs, [[6], [7]], [3, 2]), caches))
+        batch = caches.make_batch("tree", seqs, [[8, 9, 10], [11, 12]], [4, 3], [[-1, 0, 1], [-1, 0]])
+        outs.append(model(batch, caches))
+        outs.append(model.commit(model.tree_record, torch.tensor([[0, 1, 2], [0, -1, -1]]), caches))
+        outs.append(model(caches.make_batch("decode", seqs, [[13], [14]], [7, 4]), caches))
         return outs + [caches.recurrent.state.clone(), caches.conv.state.clone()]
 
     ref = run()
-    monkeypatch.setenv("LUMOTREE_FUSED", "force")
-    fused = run()
-    for a, b in zip(fused, ref, strict=True):
+    monkeypatch.setenv(switch, "force")
+    got = run()
+    for a, b in zip(got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
