@@ -62,15 +62,15 @@ def _head_channels(h, HK, DK, DV, BLOCK: tl.constexpr):  # type: ignore[no-untyp
 
 @triton.jit
 def _store_operands(  # type: ignore[no-untyped-def]
-    act, r, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV,
+    act, r, h, is_v, hv, d, mask, A, B, SA, SB, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV,
 ):  # fmt: skip
     """The shared epilogue: v (and the head's g, beta) for value heads, l2-normalised q or k otherwise."""
     if is_v:
         tl.store(V_ + (r * HV + hv) * DV + d, act, mask=mask)
-        a = tl.load(A + r * HV + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
+        a = tl.load(A + r * SA + hv).to(tl.float32) + tl.load(DTB + hv).to(tl.float32)
         sp = tl.where(a > 20.0, a, tl.log(1.0 + tl.exp(a)))
         tl.store(G + r * HV + hv, -tl.exp(tl.load(ALOG + hv).to(tl.float32)) * sp)
-        tl.store(BETA + r * HV + hv, tl.sigmoid(tl.load(B + r * HV + hv).to(tl.float32)))
+        tl.store(BETA + r * HV + hv, tl.sigmoid(tl.load(B + r * SB + hv).to(tl.float32)))
     else:
         y = act / tl.sqrt(tl.sum(act * act, axis=0) + 1e-6)
         if h < HK:
@@ -81,7 +81,7 @@ def _store_operands(  # type: ignore[no-untyped-def]
 
 @triton.jit
 def _prep_kernel(
-    SRC, WIN, CW, A, B, ALOG, DTB, Q, K_, V_, G, BETA,
+    SRC, WIN, CW, A, B, SA, SB, ALOG, DTB, Q, K_, V_, G, BETA,
     C, HK, HV, DK, DV,
     W: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -95,7 +95,13 @@ def _prep_kernel(
         w = tl.load(CW + ch * W + t, mask=mask, other=0.0).to(tl.float32)
         acc += x * w
     act = (acc * tl.sigmoid(acc)).to(SRC.dtype.element_ty).to(tl.float32)
-    _store_operands(act, r, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
+    _store_operands(act, r, h, is_v, hv, d, mask, A, B, SA, SB, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
+
+
+def _dense_last(x: torch.Tensor) -> torch.Tensor:
+    """x [R, HV] as the kernels read it (rows at x.stride(0)): a column slice of the fused projection's
+    output is taken as it is, which saves a copy kernel per layer whenever R > 1."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 def _operand_buffers(R: int, hk: int, dk: int, hv: int, dv: int, device: torch.device) -> Operands:
@@ -122,8 +128,9 @@ def gdn_prep_triton(
         # the kernel addresses rows densely: a caller's buffer must be exactly that layout
         assert x.shape == shape and x.dtype == torch.float32 and x.is_contiguous()
     block = triton.next_power_of_2(max(dk, dv))
+    a, b = _dense_last(a), _dense_last(b)
     _prep_kernel[(R, 2 * hk + hv)](
-        src.contiguous(), win_idx.contiguous(), conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
+        src.contiguous(), win_idx.contiguous(), conv_w.contiguous(), a, b, a.stride(0), b.stride(0), A_log,
         dt_bias, q, k, v, g, beta, C, hk, hv, dk, dv, W=W, BLOCK=block, num_warps=max(1, block // 64),
     )  # fmt: skip
     return q, k, v, g, beta
@@ -145,7 +152,7 @@ def gdn_prep_decode_ref(
 
 @triton.jit
 def _prep_decode_kernel(
-    X, CS, ROWS, CW, A, B, ALOG, DTB, Q, K_, V_, G, BETA,
+    X, CS, ROWS, CW, A, B, SA, SB, ALOG, DTB, Q, K_, V_, G, BETA,
     C, HK, HV, DK, DV,
     W: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -164,7 +171,7 @@ def _prep_decode_kernel(
             tl.store(hist_ptr + t - 1, x, mask=mask)
     tl.store(hist_ptr + (W - 2), x_new.to(CS.dtype.element_ty), mask=mask)
     act = (acc * tl.sigmoid(acc)).to(X.dtype.element_ty).to(tl.float32)
-    _store_operands(act, s, h, is_v, hv, d, mask, A, B, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
+    _store_operands(act, s, h, is_v, hv, d, mask, A, B, SA, SB, ALOG, DTB, Q, K_, V_, G, BETA, HK, HV, DK, DV)
 
 
 def gdn_prep_decode_triton(
@@ -176,8 +183,9 @@ def gdn_prep_decode_triton(
     assert conv_state.is_contiguous() and conv_state.shape[1:] == (C, W - 1) and W >= 2
     q, k, v, g, beta = _operand_buffers(S, hk, dk, hv, dv, qkv.device)
     block = triton.next_power_of_2(max(dk, dv))
+    a, b = _dense_last(a), _dense_last(b)
     _prep_decode_kernel[(S, 2 * hk + hv)](
-        qkv.contiguous(), conv_state, rows, conv_w.contiguous(), a.contiguous(), b.contiguous(), A_log,
+        qkv.contiguous(), conv_state, rows, conv_w.contiguous(), a, b, a.stride(0), b.stride(0), A_log,
         dt_bias, q, k, v, g, beta, C, hk, hv, dk, dv, W=W, BLOCK=block, num_warps=max(1, block // 64),
     )  # fmt: skip
     return q, k, v, g, beta

@@ -60,7 +60,7 @@ def _rms_norm_kernel(X, R, W, Y, H, D, eps, HAS_RES: tl.constexpr, BLOCK: tl.con
 
 
 @triton.jit
-def _gated_norm_kernel(OUT, Z, W, Y, D, eps, BLOCK: tl.constexpr):
+def _gated_norm_kernel(OUT, Z, SZR, SZH, HZ, W, Y, D, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -69,22 +69,33 @@ def _gated_norm_kernel(OUT, Z, W, Y, D, eps, BLOCK: tl.constexpr):
     y = (o * inv).to(Y.dtype.element_ty)
     w = tl.load(W + cols, mask=mask, other=0.0)
     y = (w.to(tl.float32) * y.to(tl.float32)).to(Y.dtype.element_ty).to(tl.float32)
-    z = tl.load(Z + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+    z = tl.load(Z + (row // HZ) * SZR + (row % HZ) * SZH + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + row * D + cols, (y * (z * tl.sigmoid(z))).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _silu_mul_kernel(G, U, Y, N, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _silu_mul_kernel(G, U, Y, SG, SU, N, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0)
+    g = tl.load(G + row * SG + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * SU + offs, mask=mask, other=0.0)
     s = (g * tl.sigmoid(g)).to(Y.dtype.element_ty)
-    tl.store(Y + offs, (s.to(tl.float32) * u.to(tl.float32)).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * N + offs, (s.to(tl.float32) * u.to(tl.float32)).to(Y.dtype.element_ty), mask=mask)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _strided_rows(x: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """x [..., D] as rows (tensor, row stride, head stride, heads per row) read in place: column slices of
+    the fused projections' outputs (z, gate, up) are strided when a forward has several rows, and copying
+    them cost one kernel each per layer."""
+    x3 = x[:, None] if x.dim() == 2 else x
+    if x3.dim() != 3 or x3.stride(-1) != 1:
+        x3 = x.reshape(-1, 1, x.shape[-1]).contiguous()
+    return x3, x3.stride(0), x3.stride(1), x3.shape[1]
 
 
 def rms_norm_triton(
@@ -102,17 +113,24 @@ def rms_norm_triton(
 
 
 def gated_rms_norm_triton(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    orr, zr = _rows(o), _rows(z)
+    orr = _rows(o)
     N, D = orr.shape
+    zr, szr, szh, hz = _strided_rows(z)
+    assert zr.shape[0] * hz == N and zr.shape[-1] == D, "z must have o's rows"
     y = torch.empty_like(orr)
     block = triton.next_power_of_2(D)
-    _gated_norm_kernel[(N,)](orr, zr, weight, y, D, eps, BLOCK=block, num_warps=min(8, max(1, block // 256)))
+    _gated_norm_kernel[(N,)](orr, zr, szr, szh, hz, weight, y, D, eps, BLOCK=block,
+                             num_warps=min(8, max(1, block // 256)))  # fmt: skip
     return y.view(o.shape)
 
 
 def silu_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    g, u = gate.contiguous(), up.contiguous()
-    y = torch.empty_like(g)
-    n = g.numel()
-    _silu_mul_kernel[(triton.cdiv(n, 1024),)](g, u, y, n, BLOCK=1024, num_warps=4)
+    g, sg, _, hg = _strided_rows(gate)
+    u, su, _, hu = _strided_rows(up)
+    if hg != 1 or hu != 1:  # rows of heads: read densely instead
+        g, sg, u, su = _rows(gate), gate.shape[-1], _rows(up), up.shape[-1]
+    rows, n = g.shape[0], gate.shape[-1]
+    assert up.shape == gate.shape
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    _silu_mul_kernel[(rows, triton.cdiv(n, 1024))](g, u, y, sg, su, n, BLOCK=1024, num_warps=4)
     return y

@@ -1,4 +1,5 @@
-"""The tree scan and the in-place rows decode compile for the H200 (sm_90) on a machine without a GPU.
+"""The Triton kernels of the GPU path (tree scan, rows decode, fused row kernels) compile for the H200 (sm_90)
+on a machine without a GPU.
 
 The interpreter runs the kernels' semantics on CPU but accepts code the compiler rejects; compiling ahead
 of time catches that before any GPU time is spent. Runs in a subprocess: the interpreter flag other tests
@@ -17,28 +18,33 @@ SCRIPT = r"""
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lumotree.kernels import tree_scan as ts
+from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_scan
 
-fn = ts._tree_scan_kernel
-sig = {n: "*bf16" for n in ("q", "k", "v", "o")}
-sig.update({n: "*fp32" for n in ("g", "beta", "h0", "cut")})
-sig.update({n: "*i32" for n in ("h0_idx", "nodes", "lens", "start", "write", "cutidx")})
-sig.update(scale="fp32", L="i32")
-for bv, tiles in ((8, 2), (8, 1), (16, 1)):
-    consts = dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles, USE_QK_L2NORM_IN_KERNEL=False)
+
+def build(fn, sig, consts):
     src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     triton.compile(src, target=GPUTarget("cuda", 90, 32))
 
-from lumotree.kernels import gdn_decode as gd
 
-fn = gd._decode_rows_kernel
-sig = {n: "*fp32" for n in ("q", "k", "v", "g", "beta", "o", "pool")}
-sig.update(rows="*i64", scale="fp32", T="i32")
-consts = dict(H=16, HV=48, K=128, V=128, BK=128, BV=8)
-src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
-                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-triton.compile(src, target=GPUTarget("cuda", 90, 32))
+def typed(**groups):
+    return {n: t for t, names in groups.items() for n in names.split()}
+
+
+sig = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0 cut", "*i32": "h0_idx nodes lens start write cutidx",
+               "fp32": "scale", "i32": "L"})
+for bv, tiles in ((8, 2), (8, 1), (16, 1)):
+    build(tree_scan._tree_scan_kernel, sig,
+          dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles, USE_QK_L2NORM_IN_KERNEL=False))
+rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows", "fp32": "scale", "i32": "T"})
+build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8))
+build(norm._gated_norm_kernel, typed(**{"*bf16": "OUT Z W Y", "i32": "SZR SZH HZ D", "fp32": "eps"}),
+      dict(BLOCK=128))
+build(norm._silu_mul_kernel, typed(**{"*bf16": "G U Y", "i32": "SG SU N"}), dict(BLOCK=1024))
+prep = typed(**{"*bf16": "CW A B", "*fp32": "ALOG DTB Q K_ V_ G BETA", "i32": "SA SB C HK HV DK DV"})
+build(gdn_prep._prep_kernel, {**prep, **typed(**{"*bf16": "SRC", "*i64": "WIN"})}, dict(W=4, BLOCK=128))
+decode = typed(**{"*bf16": "X CS", "*i64": "ROWS"})
+build(gdn_prep._prep_decode_kernel, {**prep, **decode}, dict(W=4, BLOCK=128))
 print("ok")
 """
 

@@ -39,6 +39,15 @@ def test_norm_kernels_match_twins(dtype: torch.dtype) -> None:
         norm.gated_rms_norm_triton(x, z, w, 1e-6), norm.gated_rms_norm_ref(x, z, w, 1e-6), **tol
     )
     torch.testing.assert_close(norm.silu_mul_triton(x, z), norm.silu_mul_ref(x, z), **tol)
+    # column slices of one fused projection output (strided rows), read in place
+    fused = torch.randn(3, 3 * 40, generator=gen).to(dtype)
+    gate, up, zs = fused[:, :40], fused[:, 40:80], fused[:, 80:].view(3, 2, 20)
+    assert not gate.is_contiguous() and not zs.is_contiguous()
+    torch.testing.assert_close(norm.silu_mul_triton(gate, up), norm.silu_mul_ref(gate, up), **tol)
+    o3 = x.view(3, 2, 20)
+    torch.testing.assert_close(
+        norm.gated_rms_norm_triton(o3, zs, w[:20], 1e-6), norm.gated_rms_norm_ref(o3, zs, w[:20], 1e-6), **tol
+    )
 
 
 def test_gdn_prep_matches_twin() -> None:
@@ -51,7 +60,9 @@ def test_gdn_prep_matches_twin() -> None:
     src = torch.randn(len(lens) * (W - 1) + sum(lens), C, generator=gen)
     R = win.shape[0]
     conv_w = torch.randn(C, W, generator=gen) * 0.5
-    a, b = torch.randn(R, hv, generator=gen) * 3, torch.randn(R, hv, generator=gen)
+    ab = torch.randn(R, 3 * hv, generator=gen)  # a and b as column slices of one projection output
+    a, b = ab[:, :hv] * 3, ab[:, 2 * hv :]
+    assert not b.is_contiguous()
     args = (src, win, conv_w, a, b, torch.randn(hv, generator=gen), torch.randn(hv, generator=gen))
     got = prep.gdn_prep_triton(*args, hk, dk, hv, dv)
     ref = prep.gdn_prep_ref(*args, hk, dk, hv, dv)
@@ -114,6 +125,7 @@ def test_gdn_prep_decode_advances_conv_history_in_place_like_twin() -> None:
     qkv = torch.randn(2, C, generator=gen)
     shapes = [(C, W), (2, hv), (2, hv), (hv,), (hv,)]
     rest = [torch.randn(sh, generator=gen) for sh in shapes]
+    rest[2] = torch.randn(2, 2 * hv, generator=gen)[:, hv:]  # b strided, as sliced from the projection
     pool_ref = pool.clone()
     got = prep.gdn_prep_decode_triton(qkv, pool, rows, rest[0], *rest[1:], hk, dk, hv, dv)
     ref = prep.gdn_prep_decode_ref(qkv, pool_ref, rows, rest[0], *rest[1:], hk, dk, hv, dv)
