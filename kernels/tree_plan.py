@@ -17,6 +17,12 @@ Decomposition rule (``mode="levels"``), applied recursively from every root:
 ``mode="flat"`` instead runs every root-to-leaf route as a level-1 path from the committed state (shared
 prefixes are recomputed; each node's output is written by exactly one path): one launch, no cut buffer.
 
+``mode="packed"`` runs the flat routes with several short ones back to back in one program (first-fit
+decreasing into programs no longer than the longest route; the state is reloaded from the committed state
+where a route begins). The scan is latency-bound and one program per route overflows the GPU's resident
+program slots at hydra27's size (11 routes x 48 heads x 8 tile pairs = 4,224 one-warp programs), so the flat
+launch runs in two waves; packing the 11 routes into 6 programs fits one.
+
 Everything here is host-side bookkeeping over small integer lists; results are cached per topology, and the
 device copies are cached per device so a fixed tree costs no host work after the first step.
 """
@@ -29,7 +35,7 @@ from functools import lru_cache
 
 import torch
 
-PLAN_MODES = ("levels", "flat", "auto")
+PLAN_MODES = ("levels", "flat", "packed", "auto")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,8 @@ class LevelPlan:
         ``-start - 1``.
     write [P, L] int32: 1 where this path writes the node's output (each row is written exactly once).
     cut [P, L] int32: cut-buffer slot receiving the state after the node, or -1.
+    reload [P, L] int32 or None (packed plans only): ``< 0`` where a new route begins at that step, reloading
+        the committed state of sequence ``-reload - 1``; 0 elsewhere (step 0 always starts from ``start``).
     """
 
     nodes: torch.Tensor
@@ -49,6 +57,7 @@ class LevelPlan:
     start: torch.Tensor
     write: torch.Tensor
     cut: torch.Tensor
+    reload: torch.Tensor | None = None
 
     @property
     def num_paths(self) -> int:
@@ -59,7 +68,11 @@ class LevelPlan:
         return int(self.nodes.shape[1])
 
     def to(self, device: torch.device | str) -> LevelPlan:
-        return LevelPlan(*(t.to(device) for t in (self.nodes, self.lens, self.start, self.write, self.cut)))
+        nodes, lens, start, write, cut = (
+            t.to(device) for t in (self.nodes, self.lens, self.start, self.write, self.cut)
+        )
+        reload = None if self.reload is None else self.reload.to(device)
+        return LevelPlan(nodes, lens, start, write, cut, reload)
 
 
 @dataclass(frozen=True)
@@ -181,6 +194,47 @@ def _decompose_flat(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
     return [paths]
 
 
+def _packed_plan(
+    gp: list[int], seq: list[int], routes: list[tuple[int, list[int]]], num_seqs: int
+) -> PathPlan:
+    """Flat routes (longest first) packed first-fit into programs of at most the longest route's length."""
+    cap = max(len(r) for _, r in routes)
+    programs: list[list[tuple[int, list[int]]]] = []
+    for s, route in routes:
+        home = next((pr for pr in programs if sum(len(r) for _, r in pr) + len(route) <= cap), None)
+        if home is None:
+            programs.append([(s, route)])
+        else:
+            home.append((s, route))
+    written: set[int] = set()
+    nodes, writes, reloads, starts, host = [], [], [], [], []
+    for pr in programs:
+        row_list, w, rl = [], [], []
+        for j, (s, route) in enumerate(pr):
+            committed = -seq[s] - 1
+            rl += [committed if j > 0 else 0] + [0] * (len(route) - 1)
+            w += [int(n not in written) for n in route]
+            written.update(route)
+            row_list += route
+        nodes.append(row_list)
+        writes.append(w)
+        reloads.append(rl)
+        starts.append(-seq[pr[0][0]] - 1)
+        host.append((starts[-1], tuple(row_list)))
+    assert written == set(range(len(gp))), "every row must be covered by a path"
+    width = max(len(n) for n in nodes)
+    level = LevelPlan(
+        nodes=_pad(nodes, width, -1),
+        lens=torch.tensor([len(n) for n in nodes], dtype=torch.int32),
+        start=torch.tensor(starts, dtype=torch.int32),
+        write=_pad(writes, width, 0),
+        cut=_pad([[-1] * len(n) for n in nodes], width, -1),
+        reload=_pad(reloads, width, 0),
+    )
+    return PathPlan(mode="packed", num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=(level,),
+                    paths=(tuple(host),))  # fmt: skip
+
+
 def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
     return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.int32).reshape(-1, width)
 
@@ -189,6 +243,8 @@ def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
 def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: str) -> PathPlan:
     gp, seq = _global_parents(parents, cu_seqlens)
     raw = _decompose_levels(gp) if mode == "levels" else _decompose_flat(gp)
+    if mode == "packed":
+        return _packed_plan(gp, seq, raw[0], len(cu_seqlens) - 1)
     # A node's state is exported iff a later-level path starts at one of its children.
     cut_nodes = sorted({gp[s] for lv in raw[1:] for s, _ in lv})
     cut_slot = {n: i for i, n in enumerate(cut_nodes)}
@@ -237,8 +293,9 @@ def plan_paths(
         rows are ordered parents before children. A tensor is read on the host (a device sync), so hot
         paths should pass host lists or reuse the plan of their tree descriptor.
     cu_seqlens [S+1]: row ranges per sequence (None = one sequence).
-    mode: "levels" (Algorithm 2, cut states between levels), "flat" (root-to-leaf paths, one launch) or
-        "auto" (flat unless its recomputed prefixes more than double the node updates, else levels).
+    mode: "levels" (Algorithm 2, cut states between levels), "flat" (root-to-leaf paths, one launch),
+        "packed" (flat routes packed into fewer programs) or "auto" (flat unless its recomputed prefixes
+        more than double the node updates, else levels).
     """
     if mode == "auto":
         flat = plan_paths(parents, cu_seqlens, "flat")

@@ -4,9 +4,10 @@ One program owns (path, value head, one or two value tiles): it loads its [K, BV
 (the committed state or a cut state), keeps them in registers across the path's sequential node updates,
 writes each node's output, and exports the tiles after every cut node into the cut buffer. One launch per
 level; a level starts only after the previous one wrote its cut states (stream order). A "flat" plan is one
-level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer). Only
-outputs come out: durable state is published by native replay of the accepted path, so it stays bitwise
-that of plain decoding.
+level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer); a
+"packed" plan runs several of those routes back to back in one program, reloading the committed state
+between them. Only outputs come out: durable state is published by native replay of the accepted path, so it
+stays bitwise that of plain decoding.
 
 The per-node arithmetic is fla's ``fused_recurrent_gated_delta_rule`` operation for operation (same loads,
 same l2norm, same order of scale / decay / delta / output), so a chain reproduces fla's decode numerics.
@@ -79,6 +80,7 @@ def _tree_scan_kernel(
     start,
     write,
     cutidx,
+    reload,
     scale,
     L,
     H: tl.constexpr,
@@ -89,6 +91,7 @@ def _tree_scan_kernel(
     BV: tl.constexpr,
     TILES: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+    HAS_RELOAD: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
     pid = tl.program_id(0).to(tl.int64)
@@ -148,6 +151,13 @@ def _tree_scan_kernel(
         n_cur, n_nxt = n_nxt, n_after
         w = tl.load(write + i_p * L + t)
         c = tl.load(cutidx + i_p * L + t).to(tl.int64)
+        if HAS_RELOAD:  # a packed program: the next route starts over from its committed state
+            r = tl.load(reload + i_p * L + t).to(tl.int64)
+            if r < 0:
+                p_r = h0 + (tl.load(h0_idx + (-r - 1)).to(tl.int64) * HV + i_hv) * K * V + tile
+                b_h = tl.load(p_r, mask=mask_h, other=0).to(tl.float32)
+                if TILES == 2:
+                    b_h1 = tl.load(p_r + BV, mask=mask_h1, other=0).to(tl.float32)
 
         if USE_QK_L2NORM_IN_KERNEL:
             b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
@@ -278,6 +288,7 @@ def tree_gdn(
             lv.start,
             lv.write,
             lv.cut,
+            lv.cut if lv.reload is None else lv.reload,
             scale,
             lv.max_len,
             H=H,
@@ -288,6 +299,7 @@ def tree_gdn(
             BV=BV,
             TILES=config.tiles,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+            HAS_RELOAD=lv.reload is not None,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )

@@ -37,6 +37,15 @@ def test_flat_mode_is_root_to_leaf() -> None:
     assert plan.path_counts == (11,) and plan.max_lengths == (12,) and plan.num_cut == 0
 
 
+def test_packed_mode_fits_hydra27_routes_into_six_programs() -> None:
+    flat, packed = plan_paths(HYDRA, mode="flat"), plan_paths(HYDRA, mode="packed")
+    assert flat.path_lengths == (12, 8, 6, 6, 6, 5, 5, 4, 4, 3, 3)
+    # first-fit decreasing into programs of the spine's 12 steps: 62 updates need at least 6
+    assert packed.path_counts == (6,) and packed.max_lengths == (12,) and packed.num_cut == 0
+    assert sum(packed.path_lengths) == sum(flat.path_lengths) == 62
+    _check(HYDRA, [0, len(HYDRA)], "packed")
+
+
 def _check(parents: list[int], cu: list[int], mode: str) -> None:
     plan = plan_paths(parents, cu, mode=mode)
     gpar = []
@@ -47,11 +56,17 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
     for li, lv in enumerate(plan.levels):
         nodes, lens, start = lv.nodes.tolist(), lv.lens.tolist(), lv.start.tolist()
         write, cut = lv.write.tolist(), lv.cut.tolist()
+        reload = lv.reload.tolist() if lv.reload is not None else [[0] * lv.max_len] * lv.num_paths
+        assert (lv.reload is not None) == (mode == "packed")
         for p in range(lv.num_paths):
             path = nodes[p][: lens[p]]
-            assert all(x == -1 for x in nodes[p][lens[p] :])
-            for a, b in zip(path, path[1:], strict=False):
-                assert gpar[b] == a, "consecutive path nodes must be parent and child"
+            assert all(x == -1 for x in nodes[p][lens[p] :]) and reload[p][0] == 0
+            for t, (a, b) in enumerate(zip(path, path[1:], strict=False)):
+                if reload[p][t + 1] < 0:  # a packed program's next route: a root of the named sequence
+                    seq = -reload[p][t + 1] - 1
+                    assert gpar[b] == -1 and cu[seq] <= b < cu[seq + 1]
+                else:
+                    assert gpar[b] == a, "consecutive path nodes must be parent and child"
             if start[p] >= 0:
                 assert ready.get(start[p], li) < li, "a path must start from a cut state of an earlier level"
             else:
@@ -63,7 +78,7 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
     assert written == [1] * len(parents), "every row written exactly once"
 
 
-@pytest.mark.parametrize("mode", ["levels", "flat"])
+@pytest.mark.parametrize("mode", ["levels", "flat", "packed"])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_forests_are_sound(seed: int, mode: str) -> None:
     rng = random.Random(seed)
