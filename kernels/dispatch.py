@@ -2,7 +2,8 @@
 
 fla is imported lazily and only for CUDA tensors (importing it on a machine without a GPU driver breaks).
 Set ``LUMOTREE_GDN_BACKEND=ref`` to force the references everywhere (e.g. to compare on a GPU), and
-``LUMOTREE_GDN_STATE=rows`` to decode from state-pool rows in place (``gdn_decode_rows_``).
+``LUMOTREE_GDN_STATE=gather`` to gather the state-pool rows around fla's decode kernel instead of decoding
+them in place (``gdn_decode_rows_``).
 
 Operand convention for every entry point (fla layout): q, k [B, T, H, K] already l2-normalised (fp32), v
 [B, T, HV, V], g (log decay) and beta (post-sigmoid) [B, T, HV]; states [N, HV, K, V] fp32.
@@ -77,7 +78,7 @@ def gdn_decode(
 
 def decodes_in_place(x: torch.Tensor) -> bool:
     """Whether ``gdn_decode_rows_`` runs the rows kernel for operands like ``x`` (no temporaries)."""
-    flag = os.environ.get("LUMOTREE_GDN_STATE", "gather")
+    flag = os.environ.get("LUMOTREE_GDN_STATE", "rows")
     return flag == "force" or (flag == "rows" and use_triton(x))
 
 
@@ -87,9 +88,10 @@ def gdn_decode_rows_(
 ) -> torch.Tensor:  # fmt: skip
     """Native decoding (``gdn_decode``) of B sequences whose states are ``pool[rows]``, written back in place;
     returns o. The AR step and the commit's replay both come here, so a published state is the very
-    arithmetic of plain decoding. With ``LUMOTREE_GDN_STATE=rows`` on CUDA the rows are read and written by
-    the kernel itself (``kernels.gdn_decode``; ``force`` runs it on any device, for CPU tests under
-    TRITON_INTERPRET=1); otherwise they are gathered around fla's kernel."""
+    arithmetic of plain decoding. On CUDA the rows are read and written by the kernel itself
+    (``kernels.gdn_decode``; ``LUMOTREE_GDN_STATE=force`` runs it on any device, for CPU tests under
+    TRITON_INTERPRET=1); elsewhere, or with ``LUMOTREE_GDN_STATE=gather``, they are gathered around fla's
+    kernel (or the reference)."""
     if decodes_in_place(q):
         from .gdn_decode import decode_rows_
 

@@ -19,7 +19,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_rows decode gdn arms arms_rows profile audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn arms arms_gather profile audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -38,14 +38,14 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py tests/serving/test_graphs.py tests/serving/test_walk_static.py ;;
-    tests_rows) run_step tests_rows 200 env LUMOTREE_GDN_STATE=rows python3 -m pytest -q -p no:cacheprovider \
+    tests_gather) run_step tests_gather 200 env LUMOTREE_GDN_STATE=gather python3 -m pytest -q -p no:cacheprovider \
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
-    decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,rows --json --out "$out/decode_27b.json" ;;
+    decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
-    arms_rows) run_step arms_rows 300 env LUMOTREE_GDN_STATE=rows "${lt[@]}" bench arms --shapes 27b --device cuda \
-      --draft-vocab 32768 --json --out "$out/arms_27b_rows.json" ;;
+    arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
+      --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \
       --arms ar,mtp5_dv,lumotree_dv --json --out "$out/profile_27b.json" ;;
     audit) run_step audit 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;

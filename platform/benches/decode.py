@@ -121,10 +121,11 @@ VARIANTS = {
     "fused": {"LUMOTREE_FUSED": "1", "LUMOTREE_GDN_BACKEND": "auto"},
     "unfused": {"LUMOTREE_FUSED": "0", "LUMOTREE_GDN_BACKEND": "auto"},
     "ref": {"LUMOTREE_FUSED": "0", "LUMOTREE_GDN_BACKEND": "ref"},
-    "rows": {"LUMOTREE_FUSED": "1", "LUMOTREE_GDN_BACKEND": "auto", "LUMOTREE_GDN_STATE": "rows"},
+    "gather": {"LUMOTREE_FUSED": "1", "LUMOTREE_GDN_BACKEND": "auto", "LUMOTREE_GDN_STATE": "gather"},
 }
-"""Kernel choices: fused Triton row kernels + fla (default), fla only, PyTorch references only, and fused
-with the recurrent state decoded in place from its pool rows (``kernels.gdn_decode``)."""
+"""Kernel choices: the default (fused Triton row kernels, fla, the recurrent state decoded in place from its
+pool rows by ``kernels.gdn_decode``), fla only, PyTorch references only, and fused with the state rows
+gathered around fla's decode kernel (the earlier default)."""
 
 
 def _time_variant(
