@@ -8,7 +8,6 @@ runs the function on the static copies, so CPU tests exercise exactly the buffer
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -23,11 +22,7 @@ def capture(fn: Callable[[], Any], pool: Any = None, warmup: int = 2) -> tuple[t
     """(graph, outputs) of ``fn`` recorded into ``pool``; ``fn`` runs ``warmup`` times for real first.
 
     The last warm-up run treats any host synchronisation as an error: an op that syncs would invalidate
-    the capture (and leave the pool unusable), so it fails here, before capture, naming the op.
-
-    The garbage collector is run before and paused during the capture: a dead engine's graphs freed by a
-    collection mid-capture call cudaGraphExecDestroy, which invalidates the capture in progress (seen on
-    the H200 as random failed captures of the fifth arm; torch no longer collects on entering a capture)."""
+    the capture (and leave the pool unusable), so it fails here, before capture, naming the op."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -40,15 +35,8 @@ def capture(fn: Callable[[], Any], pool: Any = None, warmup: int = 2) -> tuple[t
                 torch.cuda.set_sync_debug_mode("default")
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    gc.collect()
-    paused = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.cuda.graph(graph, pool=pool):
-            out = fn()
-    finally:
-        if paused:
-            gc.enable()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
     return graph, out
 
 
