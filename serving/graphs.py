@@ -51,14 +51,14 @@ class StaticGraphs:
     """One graph per key of ``fn(static_inputs)``; the key must determine every input's shape and dtype."""
 
     def __init__(
-        self, capture_graphs: bool, pool: Callable[[], Any], on_failure: Callable[[], None],
+        self, capture_graphs: bool, pool: Callable[[], Any], on_failure: Callable[[str], None],
         max_entries: int = 16,
     ) -> None:  # fmt: skip
         self.capture_graphs = capture_graphs
         self.pool = pool
         """Returns the memory pool graphs share (the runner's)."""
         self.on_failure = on_failure
-        """Called after a failed capture (the runner then stops capturing anywhere)."""
+        """Called with the error after a failed capture (the runner then stops capturing anywhere)."""
         self.max_entries = max_entries
         self.entries: dict[Hashable, _Entry | None] = {}
         """None marks a key whose capture failed (it runs eagerly)."""
@@ -92,6 +92,6 @@ class StaticGraphs:
                 "CUDA graph capture failed, running eagerly: %s: %s", type(e).__name__, e, exc_info=True
             )
             self.capture_graphs = False
-            self.on_failure()
+            self.on_failure(f"{type(e).__name__}: {e}")
             return None
         return _Entry(static, graph, out)

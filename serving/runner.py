@@ -86,6 +86,7 @@ class ModelRunner:
         self.device = caches.device
         self.pad = caches.allocate(PAD_SEQ, 1)
         self.graph_error: str | None = None
+        """The first failed capture's error (decode, tree, commit or drafter graphs); None while all held."""
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
         self.static = use_graphs or config.static_decode
         sizes = sorted({s for s in config.graph_batch_sizes if s < config.max_seqs} | {config.max_seqs})
@@ -240,7 +241,7 @@ class ModelRunner:
                         exc_info=True,
                     )
                     tg.graph = tg.commit_graph = None
-                    self.disable_capture()
+                    self.disable_capture(f"{type(e).__name__}: {e}")
         if tg is None:
             hidden = self.model(batch, self.caches)
             assert self.model.tree_record is not None
@@ -256,8 +257,9 @@ class ModelRunner:
         self._last_tree = tg
         return tg.hidden, tg.logits, tg.record
 
-    def disable_capture(self) -> None:
-        """Stop capturing new graphs (after a failed capture); captured ones keep replaying."""
+    def disable_capture(self, error: str) -> None:
+        """Stop capturing new graphs after a failed capture (``error``); captured ones keep replaying."""
+        self.graph_error = self.graph_error or error
         self.tree_capture = False
         if self.fn_graphs is not None:
             self.fn_graphs.capture_graphs = False

@@ -16,7 +16,7 @@ def test_static_graphs_run_on_static_copies_and_respect_the_budget() -> None:
         seen.append(x[0].data_ptr())
         return x[0] * 2 + x[1]
 
-    g = StaticGraphs(False, lambda: None, lambda: None, max_entries=1)
+    g = StaticGraphs(False, lambda: None, lambda e: None, max_entries=1)
     a, b = torch.arange(4.0), torch.ones(4)
     assert torch.equal(g("k", fn, [a, b]), a * 2 + 1)
     assert torch.equal(g("k", fn, [a + 1, b]), (a + 1) * 2 + 1)  # new values copied into the same buffers

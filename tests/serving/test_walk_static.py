@@ -104,7 +104,7 @@ def check_step(sampler: Sampler, trees, logits, history, params, seeds, out_pos,
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_static_walk_equals_walk(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    graphs = StaticGraphs(False, lambda: None, lambda: None)
+    graphs = StaticGraphs(False, lambda: None, lambda e: None)
     sampler = Sampler(VOCAB, "cpu", graphs)
     shape = random_topology(g, [int(x) for x in torch.randint(1, 13, (4,), generator=g)])
     pools = [[0], [0, 1], list(range(len(PARAMS))), [2, 3, 6], list(range(len(PARAMS)))]
@@ -129,7 +129,7 @@ def test_every_draw_is_the_ar_draw_of_its_node() -> None:
     logits, with the request's history plus the node's path tokens (root excluded) as presence. Flat
     logits, so that the path's presence penalties decide many draws."""
     g = torch.Generator().manual_seed(7)
-    sampler = Sampler(VOCAB, "cpu", StaticGraphs(False, lambda: None, lambda: None))
+    sampler = Sampler(VOCAB, "cpu", StaticGraphs(False, lambda: None, lambda e: None))
     plain = Sampler(VOCAB, "cpu")
     shape = random_topology(g, [9, 1, 12, 6])
     for _ in range(4):
@@ -151,7 +151,7 @@ def test_every_draw_is_the_ar_draw_of_its_node() -> None:
 
 def test_one_entry_per_structure_and_cached_tables() -> None:
     g = torch.Generator().manual_seed(3)
-    graphs = StaticGraphs(False, lambda: None, lambda: None)
+    graphs = StaticGraphs(False, lambda: None, lambda e: None)
     sampler = Sampler(VOCAB, "cpu", graphs)
     shape = random_topology(g, [5, 8])
     for _ in range(3):  # same topology and parameter facts: one entry, replayed on new data
@@ -169,15 +169,15 @@ def test_one_entry_per_structure_and_cached_tables() -> None:
 def test_captured_walk_equals_eager_walk() -> None:
     """On CUDA each structure is captured (no sync, no host copy inside) and its replays equal the plain
     walk, step after step on new data."""
-    failed: list[bool] = []
-    graphs = StaticGraphs(True, lambda: None, lambda: failed.append(True))
+    failed: list[str] = []
+    graphs = StaticGraphs(True, lambda: None, failed.append)
     sampler = Sampler(VOCAB, "cuda", graphs)
     g = torch.Generator().manual_seed(11)
     shape = random_topology(g, [12, 3, 9, 7])
     for pool in ([0], [0, 1], list(range(len(PARAMS))), [2, 3, 6]):
         for _ in range(3):
             check_step(sampler, *random_step(g, shape, pool), device="cuda")
-    assert not failed and graphs.entries
+    assert not failed and graphs.entries, failed
     assert all(e is not None and e.graph is not None for e in graphs.entries.values())
 
 
@@ -188,7 +188,7 @@ def test_root_only_trees_walk_static() -> None:
     assert trees.topology == ((-1,),) * 3 and trees.tokens.dtype == torch.int64
     assert trees.tokens.tolist() == [4, 9, 2] and trees.active.all() and trees.max_depth == 0
     g = torch.Generator().manual_seed(5)
-    graphs = StaticGraphs(False, lambda: None, lambda: None)
+    graphs = StaticGraphs(False, lambda: None, lambda e: None)
     sampler = Sampler(VOCAB, "cpu", graphs)
     eager = Sampler(VOCAB, "cpu")
     sampled = 0
