@@ -50,6 +50,8 @@ class LevelPlan:
     cut [P, L] int32: cut-buffer slot receiving the state after the node, or -1.
     reload [P, L] int32 or None (packed plans only): ``< 0`` where a new route begins at that step, reloading
         the committed state of sequence ``-reload - 1``; 0 elsewhere (step 0 always starts from ``start``).
+    has_cut: whether any node exports a cut state (None: read from ``cut``, which must then be on the host);
+        the kernel compiles the export out when none does (flat and packed plans, a last level).
     """
 
     nodes: torch.Tensor
@@ -58,6 +60,12 @@ class LevelPlan:
     write: torch.Tensor
     cut: torch.Tensor
     reload: torch.Tensor | None = None
+    has_cut: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.has_cut is None:
+            assert self.cut.device.type == "cpu", "has_cut must be given for a plan built on a device"
+            object.__setattr__(self, "has_cut", bool((self.cut >= 0).any()))
 
     @property
     def num_paths(self) -> int:
@@ -72,7 +80,7 @@ class LevelPlan:
             t.to(device) for t in (self.nodes, self.lens, self.start, self.write, self.cut)
         )
         reload = None if self.reload is None else self.reload.to(device)
-        return LevelPlan(nodes, lens, start, write, cut, reload)
+        return LevelPlan(nodes, lens, start, write, cut, reload, self.has_cut)
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def _tree_scan_kernel(
     TILES: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
     HAS_RELOAD: tl.constexpr,
+    HAS_CUT: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
     pid = tl.program_id(0).to(tl.int64)
@@ -123,10 +124,19 @@ def _tree_scan_kernel(
     if TILES == 2:
         b_h1 = tl.load(src + BV, mask=mask_h1, other=0).to(tl.float32)
 
-    # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes: they do not
-    # depend on the state, so their memory latency leaves the sequential chain. The math per step is fla's.
+    # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes, and so are the
+    # plan's per-step flags: none depends on the state, so their memory latency leaves the sequential
+    # chain. The math per step is fla's.
     base = nodes + i_p * L
+    flags = i_p * L
     last = n_len - 1
+    w_nxt = tl.load(write + flags)
+    c_nxt = -1
+    if HAS_CUT:
+        c_nxt = tl.load(cutidx + flags).to(tl.int64)
+    r_nxt = 0
+    if HAS_RELOAD:
+        r_nxt = tl.load(reload + flags).to(tl.int64)
     n_cur = tl.load(base).to(tl.int64)
     n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
     nb_q = tl.load(q + (n_cur * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
@@ -149,10 +159,13 @@ def _tree_scan_kernel(
         nb_g = tl.load(g + n_nxt * HV + i_hv).to(tl.float32)
         nb_beta = tl.load(beta + n_nxt * HV + i_hv).to(tl.float32)
         n_cur, n_nxt = n_nxt, n_after
-        w = tl.load(write + i_p * L + t)
-        c = tl.load(cutidx + i_p * L + t).to(tl.int64)
+        t1 = flags + tl.minimum(t + 1, last)
+        w, c, r = w_nxt, c_nxt, r_nxt
+        w_nxt = tl.load(write + t1)
+        if HAS_CUT:
+            c_nxt = tl.load(cutidx + t1).to(tl.int64)
         if HAS_RELOAD:  # a packed program: the next route starts over from its committed state
-            r = tl.load(reload + i_p * L + t).to(tl.int64)
+            r_nxt = tl.load(reload + t1).to(tl.int64)
             if r < 0:
                 p_r = h0 + (tl.load(h0_idx + (-r - 1)).to(tl.int64) * HV + i_hv) * K * V + tile
                 b_h = tl.load(p_r, mask=mask_h, other=0).to(tl.float32)
@@ -171,11 +184,12 @@ def _tree_scan_kernel(
             tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
             if TILES == 2:
                 tl.store(p_o + BV, b_o1.to(o.dtype.element_ty), mask=mask_v1)
-        if c >= 0:
-            p_c = cut + (c * HV + i_hv) * K * V + tile
-            tl.store(p_c, b_h, mask=mask_h)
-            if TILES == 2:
-                tl.store(p_c + BV, b_h1, mask=mask_h1)
+        if HAS_CUT:
+            if c >= 0:
+                p_c = cut + (c * HV + i_hv) * K * V + tile
+                tl.store(p_c, b_h, mask=mask_h)
+                if TILES == 2:
+                    tl.store(p_c + BV, b_h1, mask=mask_h1)
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -300,6 +314,7 @@ def tree_gdn(
             TILES=config.tiles,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
             HAS_RELOAD=lv.reload is not None,
+            HAS_CUT=bool(lv.has_cut),
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )

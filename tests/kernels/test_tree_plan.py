@@ -46,6 +46,16 @@ def test_packed_mode_fits_hydra27_routes_into_six_programs() -> None:
     _check(HYDRA, [0, len(HYDRA)], "packed")
 
 
+def test_only_levels_that_export_cut_states_say_so() -> None:
+    """``has_cut`` compiles the cut export out of the scan: it must be exact, also across ``to``."""
+    levels = plan_paths(HYDRA, mode="levels").levels
+    assert [lv.has_cut for lv in levels] == [True, False]
+    for mode in ("flat", "packed"):
+        assert [lv.has_cut for lv in plan_paths(HYDRA, mode=mode).levels] == [False]
+    for lv in levels:
+        assert lv.has_cut == bool((lv.cut >= 0).any()) == lv.to("cpu").has_cut
+
+
 def _check(parents: list[int], cu: list[int], mode: str) -> None:
     plan = plan_paths(parents, cu, mode=mode)
     gpar = []
