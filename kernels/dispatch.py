@@ -101,6 +101,24 @@ def gdn_decode_rows_(
     return o
 
 
+def gdn_replay_rows_(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+    pool: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor,
+) -> None:  # fmt: skip
+    """The commit's replay: ``pool[rows[b]]`` advances through the operand rows ``steps[b]`` ([B, T], < 0 =
+    no step) of q, k [N, H, K], v [N, HV, V], g, beta [N, HV]. In place, the rows kernel reads the steps'
+    operands itself and skips the missing ones; otherwise they are gathered and padded with g = beta = 0
+    steps (which leave a state bitwise unchanged) for ``gdn_decode_rows_``. Either way each state takes
+    plain decoding's arithmetic."""
+    from . import gdn_decode as gd
+
+    if decodes_in_place(q):
+        gd.replay_rows_(q, k, v, g, beta, scale, pool, rows, steps)
+    else:
+        qs, ks, vs, gs, bs = (gd.gather_steps(x, steps) for x in (q, k, v, g, beta))
+        gdn_decode_rows_(qs, ks, vs, gs, bs, scale, pool, rows)
+
+
 TreeFn = Callable[..., tuple[torch.Tensor, Any]]
 
 

@@ -239,8 +239,9 @@ def run_gdn_bench(
     plan = plans[best["plan"]]
     cut_mib = plan.cut_buffer_bytes(hv, dk, dv) / 2**20
     out_mib = R * hv * dv * 4 / 2**20
-    # publish_recurrent's gathered and final states, all layers at once (none when it decodes in place)
-    pub_tmp = 0.0 if dispatch.decodes_in_place(q) else 2 * state_mib
+    # publish_recurrent's padded operands, gathered and final states, all layers at once (none in place)
+    padded_mib = L * D * (2 * hk * dk + hv * dv + 2 * hv) * 4 / 2**20
+    pub_tmp = 0.0 if dispatch.decodes_in_place(q) else 2 * state_mib + padded_mib
     lumo["named_buffers_mib"] = {
         "cut_states": cut_mib,
         "tree_outputs_per_layer": out_mib,

@@ -24,30 +24,24 @@ from ..cache import StateCaches
 from .record import ReplayStack, TreeRecord
 
 
-def _pad_gather(x: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """x [L, R, ...] gathered at rows [S, D] -> [L * S, D, ...] (layers folded into the batch), zero where
-    not valid."""
-    L, (S, D) = x.shape[0], rows.shape
-    out = x.index_select(1, rows.reshape(-1)).view(L, S, D, *x.shape[2:])
-    mask = valid.view(1, S, D, *([1] * (x.dim() - 2)))
-    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device)).flatten(0, 1)
-
-
 def publish_recurrent(
     ops: ReplayStack, rows: torch.Tensor, valid: torch.Tensor, state_rows: torch.Tensor, pool: torch.Tensor,
     scale: float,
 ) -> None:  # fmt: skip
-    """Replay every layer's path in ONE decode launch: layers x sequences fold into the kernel's batch, whose
+    """Replay every layer's path in ONE launch: layers x sequences fold into the kernel's batch, whose
     entries never interact, so each (batch, head) computes exactly what a per-layer launch would. Only q, k,
-    v, g and beta of ``ops`` are read. Temporaries in the gather form (``dispatch.gdn_decode_rows_``): the
-    gathered pre-tree states and the kernel's final states, each [L * S, HV, K, V] fp32; none in the rows
-    form."""
+    v, g and beta of ``ops`` are read, at the accepted rows (``dispatch.gdn_replay_rows_``; steps past a
+    path's end are skipped). Temporaries in the gather form: the padded operands, the gathered pre-tree
+    states and the kernel's final states, each [L * S, ...]; none in the rows form."""
     L, n = pool.shape[:2]
+    R = ops.q.shape[1]
     # (layer, sequence) -> row of the [L * rows] pool view: dim-0 row copies run twice as fast as dim-1 ones
     flat_rows = (torch.arange(L, device=pool.device)[:, None] * n + state_rows[None, :]).reshape(-1)
     flat = pool.view(L * n, *pool.shape[2:])
-    q, k, v, g, beta = (_pad_gather(x, rows, valid) for x in (ops.q, ops.k, ops.v, ops.g, ops.beta))
-    dispatch.gdn_decode_rows_(q, k, v, g, beta, scale, flat, flat_rows)
+    layer0 = torch.arange(L, device=rows.device).view(L, 1, 1) * R
+    steps = torch.where(valid[None], layer0 + rows[None], -1).flatten(0, 1)  # [L * S, D] rows of [L * R]
+    q, k, v, g, beta = (x.flatten(0, 1) for x in (ops.q, ops.k, ops.v, ops.g, ops.beta))
+    dispatch.gdn_replay_rows_(q, k, v, g, beta, scale, flat, flat_rows, steps)
 
 
 def _publish_conv(

@@ -38,8 +38,9 @@ for bv, tiles, packed, cuts in ((8, 2, False, False), (8, 2, False, True), (8, 2
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_RELOAD=packed,
                                                  HAS_CUT=cuts))
-rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows", "fp32": "scale", "i32": "T"})
-build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8))
+rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
+for replay in (False, True):
+    build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))
 build(norm._gated_norm_kernel, typed(**{"*bf16": "OUT Z W Y", "i32": "SZR SZH HZ D", "fp32": "eps"}),
       dict(BLOCK=128))
 build(norm._silu_mul_kernel, typed(**{"*bf16": "G U Y", "i32": "SG SU N"}), dict(BLOCK=1024))

@@ -71,3 +71,24 @@ def test_bad_operands_are_refused() -> None:
         gd.decode_rows_(q, k, v, g, beta, 1.0, pool, torch.tensor([0.0]))
     with pytest.raises(AssertionError, match="pool"):
         gd.decode_rows_(q, k, v, g, beta, 1.0, pool.double(), torch.tensor([0]))
+
+
+def test_replay_reads_its_steps_rows_and_skips_missing_steps_bitwise() -> None:
+    """``replay_rows_`` (the commit) over operand rows named by a step table, with steps missing at the end
+    of short paths, gives the same bits as ``decode_rows_`` on the gathered rows of each sequence alone, and
+    as its padded twin; rows not named stay untouched."""
+    gd = _fresh("lumotree.kernels.gdn_decode")
+    N, h, hv, kd, vd = 9, 1, 2, 16, 16
+    q, k, v, g, beta = (x[0] for x in _operands(B=1, T=N, h=h, hv=hv, kd=kd, vd=vd, seed=5))
+    pool = torch.randn(4, hv, kd, vd, generator=torch.Generator().manual_seed(6))
+    rows = torch.tensor([2, 0, 3])
+    steps = torch.tensor([[4, 1, 7, 8], [0, -1, -1, -1], [5, 6, -1, -1]])
+    work, twin, alone = pool.clone(), pool.clone(), pool.clone()
+    gd.replay_rows_(q, k, v, g, beta, 0.3, work, rows, steps)
+    gd.replay_rows_ref_(q, k, v, g, beta, 0.3, twin, rows, steps)
+    for b, path in enumerate(steps.tolist()):
+        idx = torch.tensor([n for n in path if n >= 0])
+        gd.decode_rows_(*(x[idx][None] for x in (q, k, v, g, beta)), 0.3, alone, rows[b : b + 1])
+    assert torch.equal(work, alone)
+    torch.testing.assert_close(work, twin, rtol=1e-5, atol=1e-6)
+    assert torch.equal(work[1], pool[1]) and not torch.equal(work[rows], pool[rows])
