@@ -89,8 +89,11 @@ class SpanTimer:
         self._pending = keep
 
 
-def prometheus_text(c: EngineCounters, model_name: str, arm: str, running: int, waiting: int) -> str:
-    """Prometheus exposition text of the counters."""
+def prometheus_text(
+    c: EngineCounters, model_name: str, arm: str, running: int, waiting: int, graph_failed: bool = False
+) -> str:
+    """Prometheus exposition text of the counters; ``graph_failed``: a CUDA graph capture failed (the
+    engine then runs new shapes eagerly, much slower on a GPU)."""
     labels = f'model_name="{model_name}",arm="{arm}"'
     out: list[str] = []
 
@@ -120,6 +123,12 @@ def prometheus_text(c: EngineCounters, model_name: str, arm: str, running: int, 
     metric("lumotree:decode_busy_seconds_total", "counter", "Wall time in decode steps.", c.decode_seconds)
     metric("lumotree:prefill_busy_seconds_total", "counter", "Wall time in prefill steps.", c.prefill_seconds)
     metric("lumotree:requests_finished_total", "counter", "Finished requests.", c.requests_finished)
+    metric(
+        "lumotree:cuda_graph_capture_failed",
+        "gauge",
+        "1 once a CUDA graph capture failed (new shapes then run eagerly).",
+        int(graph_failed),
+    )
     for name, secs in c.span_seconds.items():
         metric(
             "lumotree:step_span_seconds_total",

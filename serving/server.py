@@ -138,7 +138,9 @@ def create_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        # still serving after a failed capture, only slower: say so rather than report unhealthy
+        err = engine.engine.runner.graph_error
+        return {"status": "ok"} if err is None else {"status": "ok", "cuda_graph_error": err}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -149,7 +151,8 @@ def create_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         e = engine.engine
-        body = prometheus_text(e.counters, model_name, e.arm.name, e.num_running, e.num_waiting)
+        failed = e.runner.graph_error is not None
+        body = prometheus_text(e.counters, model_name, e.arm.name, e.num_running, e.num_waiting, failed)
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
 
     @app.post("/v1/completions")

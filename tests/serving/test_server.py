@@ -177,3 +177,20 @@ def test_metrics_exposes_vllm_names(server, client) -> None:
     for name in ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                  "vllm:spec_decode_num_accepted_tokens_total"):  # fmt: skip
         assert values[name] == 0  # the AR arm drafts nothing
+    assert values["lumotree:cuda_graph_capture_failed"] == 0
+
+
+def test_a_failed_graph_capture_shows_in_health_and_metrics(server) -> None:
+    """The runner records a failed capture (it cannot fail on CPU, so the record is set here) and the server
+    reports it while it keeps serving."""
+    url, engine = server
+    engine.runner.graph_error = "AcceleratorError: capture invalidated"
+    try:
+        assert httpx.get(url + "/health").json() == {
+            "status": "ok",
+            "cuda_graph_error": engine.runner.graph_error,
+        }
+        line = [x for x in httpx.get(url + "/metrics").text.splitlines() if "capture_failed{" in x]
+        assert len(line) == 1 and line[0].endswith(" 1")
+    finally:
+        engine.runner.graph_error = None
