@@ -199,10 +199,15 @@ def rms_norm(
     return (norm.rms_norm_triton if use_fused(x) else norm.rms_norm_ref)(x, weight, eps, residual)
 
 
-def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm(
+    o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """y = w * (o / rms(o)) * silu(z) in ``dtype`` (default o's), o rounded to it first: the fused kernel
+    reads the GDN kernels' fp32 output directly instead of after a cast kernel."""
     from . import norm
 
-    return (norm.gated_rms_norm_triton if use_fused(o) else norm.gated_rms_norm_ref)(o, z, weight, eps)
+    fn = norm.gated_rms_norm_triton if use_fused(o) else norm.gated_rms_norm_ref
+    return fn(o, z, weight, eps, dtype)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -27,10 +27,12 @@ def rms_norm_ref(
     return (y * (1.0 + weight.float())).to(x.dtype), h
 
 
-def gated_rms_norm_ref(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """o [N, D] already in the activation dtype; z [N, D]."""
-    dtype = o.dtype
-    of = o.float()
+def gated_rms_norm_ref(
+    o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """o [N, D], rounded to ``dtype`` (the activation dtype; default o's) first; z [N, D]."""
+    dtype = dtype or o.dtype
+    of = o.to(dtype).float()
     y = (of * torch.rsqrt(of.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
     y = weight * y
     return (y * F.silu(z.float())).to(dtype)
@@ -64,7 +66,8 @@ def _gated_norm_kernel(OUT, Z, SZR, SZH, HZ, W, Y, D, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
-    o = tl.load(OUT + row * D + cols, mask=mask, other=0.0).to(tl.float32)
+    # o may come in fp32 (the GDN kernels' output): rounded to the output dtype first, as a cast would
+    o = tl.load(OUT + row * D + cols, mask=mask, other=0.0).to(Y.dtype.element_ty).to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(o * o, axis=0) / D + eps)
     y = (o * inv).to(Y.dtype.element_ty)
     w = tl.load(W + cols, mask=mask, other=0.0)
@@ -112,12 +115,14 @@ def rms_norm_triton(
     return y.view(x.shape), h.view(x.shape)
 
 
-def gated_rms_norm_triton(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm_triton(
+    o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     orr = _rows(o)
     N, D = orr.shape
     zr, szr, szh, hz = _strided_rows(z)
     assert zr.shape[0] * hz == N and zr.shape[-1] == D, "z must have o's rows"
-    y = torch.empty_like(orr)
+    y = torch.empty(orr.shape, dtype=dtype or o.dtype, device=o.device)
     block = triton.next_power_of_2(D)
     _gated_norm_kernel[(N,)](orr, zr, szr, szh, hz, weight, y, D, eps, BLOCK=block,
                              num_warps=min(8, max(1, block // 256)))  # fmt: skip

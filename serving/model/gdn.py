@@ -88,7 +88,7 @@ class GatedDeltaNet(nn.Module):
         else:
             assert batch.parents_host is not None
             o = dispatch.gdn_tree_batch(q, k, v, g, beta, batch.parents_host, pool, rows, self.scale)
-        y = self.norm(o.to(x.dtype), z)
+        y = self.norm(o, z, x.dtype)
         return linear(y.reshape(R, self.value_dim), self.out_proj)
 
     def _replay_stack(

@@ -87,8 +87,9 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return dispatch.gated_rms_norm(x, z, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, z: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """In ``dtype`` (default x's); x is rounded to it first."""
+        return dispatch.gated_rms_norm(x, z, self.weight, self.eps, dtype)
 
 
 class MLP(nn.Module):

@@ -39,6 +39,13 @@ def test_norm_kernels_match_twins(dtype: torch.dtype) -> None:
         norm.gated_rms_norm_triton(x, z, w, 1e-6), norm.gated_rms_norm_ref(x, z, w, 1e-6), **tol
     )
     torch.testing.assert_close(norm.silu_mul_triton(x, z), norm.silu_mul_ref(x, z), **tol)
+    # the GDN kernels' fp32 output read directly, rounded to the activation dtype inside the kernel
+    o32 = torch.randn(3, 40, generator=gen) * 3
+    got = norm.gated_rms_norm_triton(o32, z, w, 1e-6, dtype)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, norm.gated_rms_norm_ref(o32.to(dtype), z, w, 1e-6), **tol)
+    if dtype == torch.float32:  # the interpreter truncates in-kernel bf16 casts: exactness on CUDA only
+        assert torch.equal(got, norm.gated_rms_norm_triton(o32.to(dtype), z, w, 1e-6))
     # column slices of one fused projection output (strided rows), read in place
     fused = torch.randn(3, 3 * 40, generator=gen).to(dtype)
     gate, up, zs = fused[:, :40], fused[:, 40:80], fused[:, 80:].view(3, 2, 20)
