@@ -19,7 +19,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn arms arms_gather profile audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn arms arms_gather profile profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -49,6 +49,10 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \
       --arms ar,mtp5_dv,lumotree_dv --json --out "$out/profile_27b.json" ;;
+    profile_tiny) run_step profile_tiny 300 bash -c "${lt[*]} bench profile --model tiny --device cuda \
+      --arms ar,mtp5,eagle,lumotree --cuda-graphs --json --out '$out/profile_tiny_graphs.json' && \
+      ${lt[*]} bench profile --model tiny --device cuda --arms ar,mtp5,eagle,lumotree --json \
+      --out '$out/profile_tiny.json'" ;;
     audit) run_step audit 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json --out "$out/audit" ;;
     replay) run_step replay 240 "${lt[@]}" replay --corpus bench/replay-corpus.jsonl --limit 16 --arms ar,mtp,eagle,lumotree --runs 3 \
       --max-tokens 256 --no-ray --device cuda --db "sqlite:///$out/replay.db" --out "$out/replay.json" --json ;;

@@ -87,30 +87,59 @@ def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: 
 
 
 def run(shapes: str, device_name: str, arms: list[str], prompt_len: int, steps: int, warmup: int,
-        graphs: bool, top: int, draft_vocab: int) -> dict[str, Any]:  # fmt: skip
+        graphs: bool, top: int, draft_vocab: int,
+        model_path: str | None = None) -> dict[str, Any]:  # fmt: skip
     import torch
 
-    from lumotree.platform.benches import decode
     from lumotree.platform.benches.arms import arm_runs
-    from lumotree.serving.drafters.eagle import random_eagle_layer
 
     device = torch.device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
-    model = decode.random_model(shapes, device, dtype, mtp=True)
-    eagle = random_eagle_layer(model.config, device, dtype)
-    prompt = [(7 * i + 3) % model.config.vocab_size for i in range(prompt_len)]
+    model, eagle, prompt = (
+        _checkpoint(model_path, device, prompt_len)
+        if model_path
+        else _random(shapes, device, dtype, prompt_len)
+    )
     runs = arm_runs(draft_vocab)
     unknown = [a for a in arms if a not in runs]
     if unknown:
         raise ValueError(f"unknown arm(s) {unknown}; choose from {', '.join(runs)}")
-    report: dict[str, Any] = {"bench": "profile", "shapes": shapes, "device": device_name, "steps": steps,
+    report: dict[str, Any] = {"bench": "profile", "shapes": None if model_path else shapes,
+                              "model": model_path, "device": device_name, "steps": steps,
                               "prompt_len": prompt_len, "cuda_graphs": graphs, "draft_vocab": draft_vocab,
                               "arms": {}}  # fmt: skip
     for name in arms:
         arm, opts = runs[name]
         report["arms"][name] = profile_arm(model, arm, opts, eagle, prompt, steps, warmup, graphs, top)
     return report
+
+
+def _random(shapes: str, device: Any, dtype: Any, prompt_len: int) -> tuple[Any, Any, list[int]]:
+    """Random weights of the named shapes, a random EAGLE layer and an arithmetic prompt."""
+    from lumotree.platform.benches import decode
+    from lumotree.serving.drafters.eagle import random_eagle_layer
+
+    model = decode.random_model(shapes, device, dtype, mtp=True)
+    eagle = random_eagle_layer(model.config, device, dtype)
+    return model, eagle, [(7 * i + 3) % model.config.vocab_size for i in range(prompt_len)]
+
+
+def _checkpoint(name: str, device: Any, prompt_len: int) -> tuple[Any, Any, list[int]]:
+    """A real checkpoint (``tiny`` = the built-in model) in its own dtype, its EAGLE head's folder and the
+    tail of its first held-out prompt, so drafts are accepted as in use (random weights accept nothing)."""
+    from lumotree.platform.benches.acceptance import PROMPTS_FILE, load_prompts
+    from lumotree.serving.builtin import resolve_model
+    from lumotree.serving.drafters.eagle import EAGLE_DIR
+    from lumotree.serving.loader import load_model
+    from lumotree.serving.tokenizer import Tokenizer
+
+    path = resolve_model(name)
+    model = load_model(path, device)[0]
+    prompts = load_prompts(path / PROMPTS_FILE, Tokenizer.from_pretrained(path), 1)
+    if not prompts:
+        raise ValueError(f"{path / PROMPTS_FILE} holds no prompt")
+    return model, path / EAGLE_DIR, prompts[0].token_ids[-prompt_len:]
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -133,6 +162,9 @@ def register(bench_app: typer.Typer) -> None:
     @bench_app.command("profile")
     def profile_cmd(
         shapes: Annotated[str, typer.Option(help="Model shapes (bench decode's): 27b | tiny.")] = "27b",
+        model: Annotated[
+            str | None, typer.Option(help="Profile this checkpoint instead (tiny = the built-in model).")
+        ] = None,
         device: Annotated[
             str | None, typer.Option(help="cuda or cpu (default: cuda when available).")
         ] = None,
@@ -161,7 +193,7 @@ def register(bench_app: typer.Typer) -> None:
         started = time.time()
         try:
             report = run(shapes, dev, [a.strip() for a in arms.split(",") if a.strip()], prompt_len, steps,
-                         warmup, cuda_graphs, top, draft_vocab)  # fmt: skip
+                         warmup, cuda_graphs, top, draft_vocab, model)  # fmt: skip
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
         text = stamped(report, dev, started)

@@ -50,3 +50,15 @@ def test_profile_command_on_cpu(tmp_path: Path) -> None:
     assert report["arms"]["lumotree"]["ms_per_step"] > report["arms"]["ar"]["ms_per_step"]
     bad = CliRunner().invoke(app, [*base, "--arms", "nope"])
     assert bad.exit_code != 0 and "unknown arm" in bad.output
+
+
+def test_profile_of_the_built_in_checkpoint_on_cpu(tmp_path: Path) -> None:
+    """``--model tiny``: the built-in model with its own MTP layer and EAGLE head, on a held-out prompt."""
+    out = tmp_path / "p.json"
+    args = ["bench", "profile", "--model", "tiny", "--device", "cpu", "--arms", "eagle,lumotree",
+            "--steps", "2", "--warmup", "1", "--prompt-len", "48", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["model"] == "tiny" and report["shapes"] is None
+    assert all(r["ms_per_step"] > 0 for r in report["arms"].values())
