@@ -86,7 +86,7 @@ def decode_rows_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Ten
 
     q, k [B, T, H, K] (l2-normalised); v [B, T, HV, V]; g, beta [B, T, HV]; pool [N, HV, K, V] fp32
     contiguous; rows [B] distinct. Returns o [B, T, HV, V] in v's dtype. Steps with g = 0 and beta = 0
-    leave a state bitwise unchanged (the commit pads short paths with them)."""
+    leave a state bitwise unchanged (the gather form of the commit pads short paths with them)."""
     _check(q, v, g, beta, pool, rows, q.shape[0])
     B, T, H, K = q.shape
     HV, V = v.shape[2:]
