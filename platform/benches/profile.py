@@ -126,16 +126,17 @@ def _random(shapes: str, device: Any, dtype: Any, prompt_len: int) -> tuple[Any,
 
 
 def _checkpoint(name: str, device: Any, prompt_len: int) -> tuple[Any, Any, list[int]]:
-    """A real checkpoint (``tiny`` = the built-in model) in its own dtype, its EAGLE head's folder and the
-    tail of its first held-out prompt, so drafts are accepted as in use (random weights accept nothing)."""
+    """A real checkpoint (``tiny`` = the built-in model) in the dtype the engine would load it in, its EAGLE
+    head's folder and the tail of its first held-out prompt, so drafts are accepted as in use (random
+    weights accept nothing)."""
     from lumotree.platform.benches.acceptance import PROMPTS_FILE, load_prompts
     from lumotree.serving.builtin import resolve_model
     from lumotree.serving.drafters.eagle import EAGLE_DIR
-    from lumotree.serving.loader import load_model
+    from lumotree.serving.loader import device_dtype, load_model
     from lumotree.serving.tokenizer import Tokenizer
 
     path = resolve_model(name)
-    model = load_model(path, device)[0]
+    model = load_model(path, device, device_dtype(None, device))[0]
     prompts = load_prompts(path / PROMPTS_FILE, Tokenizer.from_pretrained(path), 1)
     if not prompts:
         raise ValueError(f"{path / PROMPTS_FILE} holds no prompt")
