@@ -16,12 +16,19 @@ Decomposition rule (``mode="levels"``), applied recursively from every root:
 
 ``mode="flat"`` instead runs every root-to-leaf route as a level-1 path from the committed state (shared
 prefixes are recomputed; each node's output is written by exactly one path): one launch, no cut buffer.
+Routes follow heavy children too; a route that branches off another starts over from the committed state
+and recomputes their shared prefix without writing it.
 
-``mode="packed"`` runs the flat routes with several short ones back to back in one program (first-fit
-decreasing into programs no longer than the longest route; the state is reloaded from the committed state
-where a route begins). The scan is latency-bound and one program per route overflows the GPU's resident
-program slots at hydra27's size (11 routes x 48 heads x 8 tile pairs = 4,224 one-warp programs), so the flat
-launch runs in two waves; packing the 11 routes into 6 programs fits one.
+``mode="side"`` is flat plus *side leaves*: a leaf child of a route's node is evaluated beside the route (the
+node's state updated by the leaf and read for its output, then dropped) by the program that holds that
+state anyway, up to ``SIDE_CAP`` per step. The scan is latency-bound and the state of one program per
+route of hydra27 (11 routes x 48 heads x 16 [128, 8] fp32 tiles = 33 MB) fills the H200's register file,
+so flat runs in two waves; its ten runner-up leaves ride along the spine instead, leaving 3 routes. A side
+leaf runs the very node update its own route would, on the same parent state, so its output is bitwise
+that of the flat plan.
+
+``mode="sidecar"`` moves a route's side leaves onto a copy of the route's prefix up to its last side leaf
+(recomputed, not written), so the long route itself runs the plain, cheaper node loop.
 
 Everything here is host-side bookkeeping over small integer lists; results are cached per topology, and the
 device copies are cached per device so a fixed tree costs no host work after the first step.
@@ -35,7 +42,9 @@ from functools import lru_cache
 
 import torch
 
-PLAN_MODES = ("levels", "flat", "packed", "auto")
+PLAN_MODES = ("levels", "flat", "side", "sidecar", "auto")
+SIDE_CAP = 2
+"""Side leaves per route step (hydra27 has two runner-ups per depth); more become routes of their own."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +57,11 @@ class LevelPlan:
         ``-start - 1``.
     write [P, L] int32: 1 where this path writes the node's output (each row is written exactly once).
     cut [P, L] int32: cut-buffer slot receiving the state after the node, or -1.
-    reload [P, L] int32 or None (packed plans only): ``< 0`` where a new route begins at that step, reloading
-        the committed state of sequence ``-reload - 1``; 0 elsewhere (step 0 always starts from ``start``).
+    side [P, L, S] int32 or None (side plans only): rows of leaf children evaluated from the state after
+        the t-th node (-1 = empty slot); each is written by this path.
+    sided [P] int32 or None (with ``side``): 1 for paths with side slots in use; the others run without.
     has_cut: whether any node exports a cut state (None: read from ``cut``, which must then be on the host);
-        the kernel compiles the export out when none does (flat and packed plans, a last level).
+        the kernel compiles the export out when none does (flat and side plans, a last level).
     """
 
     nodes: torch.Tensor
@@ -59,10 +69,15 @@ class LevelPlan:
     start: torch.Tensor
     write: torch.Tensor
     cut: torch.Tensor
-    reload: torch.Tensor | None = None
+    side: torch.Tensor | None = None
+    sided: torch.Tensor | None = None
     has_cut: bool | None = None
 
     def __post_init__(self) -> None:
+        P, L = self.nodes.shape
+        assert self.lens.shape == self.start.shape == (P,) and self.write.shape == self.cut.shape == (P, L)
+        assert (self.side is None) == (self.sided is None)
+        assert self.side is None or (self.side.shape[:2] == (P, L) and self.sided.shape == (P,))  # type: ignore[union-attr]
         if self.has_cut is None:
             assert self.cut.device.type == "cpu", "has_cut must be given for a plan built on a device"
             object.__setattr__(self, "has_cut", bool((self.cut >= 0).any()))
@@ -75,12 +90,18 @@ class LevelPlan:
     def max_len(self) -> int:
         return int(self.nodes.shape[1])
 
+    @property
+    def num_side(self) -> int:
+        """Side-leaf slots per step (0: none)."""
+        return 0 if self.side is None else int(self.side.shape[2])
+
     def to(self, device: torch.device | str) -> LevelPlan:
         nodes, lens, start, write, cut = (
             t.to(device) for t in (self.nodes, self.lens, self.start, self.write, self.cut)
         )
-        reload = None if self.reload is None else self.reload.to(device)
-        return LevelPlan(nodes, lens, start, write, cut, reload, self.has_cut)
+        side = None if self.side is None else self.side.to(device)
+        sided = None if self.sided is None else self.sided.to(device)
+        return LevelPlan(nodes, lens, start, write, cut, side, sided, self.has_cut)
 
 
 @dataclass(frozen=True)
@@ -106,8 +127,14 @@ class PathPlan:
 
     @property
     def path_lengths(self) -> tuple[int, ...]:
-        """Node updates of every path, all levels (the scan's work per value tile)."""
+        """Node updates along every path, all levels (without side leaves)."""
         return tuple(len(rows) for lv in self.paths for _, rows in lv)
+
+    @property
+    def updates(self) -> int:
+        """Node updates of the whole scan per value tile: path steps plus side leaves."""
+        sides = sum(int((lv.side >= 0).sum()) for lv in self.levels if lv.side is not None)
+        return sum(self.path_lengths) + sides
 
     @property
     def max_lengths(self) -> tuple[int, ...]:
@@ -158,26 +185,36 @@ def _global_parents(parents: Sequence[int], cu_seqlens: Sequence[int]) -> tuple[
     return gp, seq
 
 
-def _decompose_levels(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
-    """Paths per level as (start row, rows); start row's parent state is where the path starts."""
+def _heavy(parents: list[int]) -> tuple[list[list[int]], list[int]]:
+    """Children of every row and its heavy child (deepest subtree, ties to the lowest row, which is the
+    drafter's top choice; -1 for a leaf)."""
     kids = _children(parents)
     height = [1] * len(parents)
+    heavy = [-1] * len(parents)
     for i in reversed(range(len(parents))):
         if kids[i]:
-            height[i] = 1 + max(height[c] for c in kids[i])
+            heavy[i] = max(kids[i], key=lambda c: (height[c], -c))
+            height[i] = 1 + height[heavy[i]]
+    return kids, heavy
 
-    def heavy(n: int) -> int:
-        return max(kids[n], key=lambda c: (height[c], -c))
 
+def _route(heavy: list[int], s: int) -> list[int]:
+    route = [s]
+    while heavy[route[-1]] >= 0:
+        route.append(heavy[route[-1]])
+    return route
+
+
+def _decompose_levels(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
+    """Paths per level as (start row, rows); start row's parent state is where the path starts."""
+    kids, heavy = _heavy(parents)
     levels: list[list[tuple[int, list[int]]]] = []
     frontier = [i for i, p in enumerate(parents) if p < 0]
     while frontier:
         level: list[tuple[int, list[int]]] = []
         nxt: list[int] = []
         for s in frontier:
-            route = [s]
-            while kids[route[-1]]:
-                route.append(heavy(route[-1]))
+            route = _route(heavy, s)
             branch_at = [j for j, n in enumerate(route) if len(kids[n]) > 1]
             path = route[: branch_at[-1] + 1] if branch_at else route
             on_path = set(path)
@@ -189,58 +226,67 @@ def _decompose_levels(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
     return levels
 
 
-def _decompose_flat(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
-    kids = _children(parents)
-    paths = []
-    for leaf in (i for i in range(len(parents)) if not kids[i]):
-        route = [leaf]
-        while parents[route[-1]] >= 0:
-            route.append(parents[route[-1]])
-        route.reverse()
-        paths.append((route[0], route))
-    paths.sort(key=lambda sp: (-len(sp[1]), sp[1]))
-    return [paths]
+def _decompose_routes(
+    parents: list[int], side_cap: int, sidecar: bool
+) -> list[tuple[list[int], int, list[list[int]]]]:
+    """Flat routes from the committed state as (rows, prefix length not written, side leaves per step)."""
+    kids, heavy = _heavy(parents)
+    routes: list[tuple[list[int], int, list[list[int]]]] = []
+    todo: list[tuple[list[int], int]] = [
+        ([], i) for i, p in enumerate(parents) if p < 0
+    ]  # (prefix, first row)
+    while todo:
+        prefix, s = todo.pop()
+        route = prefix + _route(heavy, s)
+        sides: list[list[int]] = [[] for _ in route]
+        routes.append((route, len(prefix), sides))
+        for j in range(len(prefix), len(route)):
+            for c in kids[route[j]]:
+                if c == heavy[route[j]]:
+                    continue
+                if not kids[c] and len(sides[j]) < side_cap:
+                    sides[j].append(c)
+                else:
+                    todo.append((route[: j + 1], c))
+    if sidecar:
+        for i, (route, k, sides) in enumerate(list(routes)):
+            used = [j for j, x in enumerate(sides) if x]
+            if used:
+                routes[i] = (route, k, [[] for _ in route])
+                routes.append((route[: used[-1] + 1], used[-1] + 1, sides[: used[-1] + 1]))
+    return routes
 
 
-def _packed_plan(
-    gp: list[int], seq: list[int], routes: list[tuple[int, list[int]]], num_seqs: int
-) -> PathPlan:
-    """Flat routes (longest first) packed first-fit into programs of at most the longest route's length."""
-    cap = max(len(r) for _, r in routes)
-    programs: list[list[tuple[int, list[int]]]] = []
-    for s, route in routes:
-        home = next((pr for pr in programs if sum(len(r) for _, r in pr) + len(route) <= cap), None)
-        if home is None:
-            programs.append([(s, route)])
-        else:
-            home.append((s, route))
-    written: set[int] = set()
-    nodes, writes, reloads, starts, host = [], [], [], [], []
-    for pr in programs:
-        row_list, w, rl = [], [], []
-        for j, (s, route) in enumerate(pr):
-            committed = -seq[s] - 1
-            rl += [committed if j > 0 else 0] + [0] * (len(route) - 1)
-            w += [int(n not in written) for n in route]
-            written.update(route)
-            row_list += route
-        nodes.append(row_list)
-        writes.append(w)
-        reloads.append(rl)
-        starts.append(-seq[pr[0][0]] - 1)
-        host.append((starts[-1], tuple(row_list)))
-    assert written == set(range(len(gp))), "every row must be covered by a path"
-    width = max(len(n) for n in nodes)
+def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str) -> PathPlan:
+    """One launch over flat routes (longest first: they set the launch's span), side leaves for ``side``."""
+    routes = _decompose_routes(gp, 0 if mode == "flat" else SIDE_CAP, sidecar=mode == "sidecar")
+    routes.sort(key=lambda r: (-len(r[0]), r[0]))
+    width = max(len(r) for r, _, _ in routes)
+    slots = max(len(x) for _, _, sd in routes for x in sd)
     level = LevelPlan(
-        nodes=_pad(nodes, width, -1),
-        lens=torch.tensor([len(n) for n in nodes], dtype=torch.int32),
-        start=torch.tensor(starts, dtype=torch.int32),
-        write=_pad(writes, width, 0),
-        cut=_pad([[-1] * len(n) for n in nodes], width, -1),
-        reload=_pad(reloads, width, 0),
+        nodes=_pad([r for r, _, _ in routes], width, -1),
+        lens=torch.tensor([len(r) for r, _, _ in routes], dtype=torch.int32),
+        start=torch.tensor([-seq[r[0]] - 1 for r, _, _ in routes], dtype=torch.int32),
+        write=_pad([[0] * k + [1] * (len(r) - k) for r, k, _ in routes], width, 0),
+        cut=torch.full((len(routes), width), -1, dtype=torch.int32),
+        side=None
+        if slots == 0
+        else torch.tensor(
+            [
+                [x + [-1] * (slots - len(x)) for x in sd] + [[-1] * slots] * (width - len(sd))
+                for _, _, sd in routes
+            ],
+            dtype=torch.int32,
+        ),
+        sided=None if slots == 0 else torch.tensor([int(any(sd)) for _, _, sd in routes], dtype=torch.int32),
+        has_cut=False,
     )
-    return PathPlan(mode="packed", num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=(level,),
-                    paths=(tuple(host),))  # fmt: skip
+    written = sorted(
+        [n for r, k, _ in routes for n in r[k:]] + [n for _, _, sd in routes for x in sd for n in x]
+    )
+    assert written == list(range(len(gp))), "every row must be written by exactly one path"
+    host = tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in routes)
+    return PathPlan(mode=mode, num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=(level,), paths=(host,))
 
 
 def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
@@ -250,9 +296,9 @@ def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
 @lru_cache(maxsize=512)
 def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: str) -> PathPlan:
     gp, seq = _global_parents(parents, cu_seqlens)
-    raw = _decompose_levels(gp) if mode == "levels" else _decompose_flat(gp)
-    if mode == "packed":
-        return _packed_plan(gp, seq, raw[0], len(cu_seqlens) - 1)
+    if mode != "levels":
+        return _routes_plan(gp, seq, len(cu_seqlens) - 1, mode)
+    raw = _decompose_levels(gp)
     # A node's state is exported iff a later-level path starts at one of its children.
     cut_nodes = sorted({gp[s] for lv in raw[1:] for s, _ in lv})
     cut_slot = {n: i for i, n in enumerate(cut_nodes)}
@@ -268,7 +314,7 @@ def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: st
             starts.append(cut_slot[parent] if parent >= 0 else -seq[s] - 1)
             writes.append([int(n not in written) for n in path])
             written.update(path)
-            cuts.append([cut_slot.get(n, -1) if mode == "levels" else -1 for n in path])
+            cuts.append([cut_slot.get(n, -1) for n in path])
         levels.append(
             LevelPlan(
                 nodes=_pad([p for _, p in lv], width, -1),
@@ -302,14 +348,14 @@ def plan_paths(
         paths should pass host lists or reuse the plan of their tree descriptor.
     cu_seqlens [S+1]: row ranges per sequence (None = one sequence).
     mode: "levels" (Algorithm 2, cut states between levels), "flat" (root-to-leaf paths, one launch),
-        "packed" (flat routes packed into fewer programs) or "auto" (flat unless its recomputed prefixes
-        more than double the node updates, else levels).
+        "side" (flat with leaves evaluated beside their parent's route) or "auto" (side unless its
+        recomputed prefixes more than double the node updates, else levels).
     """
     if mode == "auto":
-        flat = plan_paths(parents, cu_seqlens, "flat")
+        side = plan_paths(parents, cu_seqlens, "side")
         # Recomputing shared prefixes costs node updates but saves a launch and the cut-state round trip
-        # per level: on the H200 one launch wins for hydra27 (62 updates for 32 nodes), not for bushy trees.
-        return flat if sum(flat.path_lengths) <= 2 * flat.num_rows else plan_paths(parents, cu_seqlens)
+        # per level: one launch wins for hydra27 (34 updates for 32 rows), not for bushy trees.
+        return side if side.updates <= 2 * side.num_rows else plan_paths(parents, cu_seqlens)
     if mode not in PLAN_MODES:
         raise ValueError(f"unknown plan mode {mode!r}; choose one of {PLAN_MODES}")
     p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))

@@ -5,9 +5,10 @@ One program owns (path, value head, one or two value tiles): it loads its [K, BV
 writes each node's output, and exports the tiles after every cut node into the cut buffer. One launch per
 level; a level starts only after the previous one wrote its cut states (stream order). A "flat" plan is one
 level of root-to-leaf paths from the committed state (shared prefixes recomputed, no cut buffer); a
-"packed" plan runs several of those routes back to back in one program, reloading the committed state
-between them. Only outputs come out: durable state is published by native replay of the accepted path, so it
-stays bitwise that of plain decoding.
+"side" plan also evaluates a route node's leaf children from the state the program holds after that node
+(``tree_plan.SIDE_CAP`` per step), so runner-up leaves need no route of their own. Only outputs come out:
+durable state is published by native replay of the accepted path, so it stays bitwise that of plain
+decoding.
 
 The per-node arithmetic is fla's ``fused_recurrent_gated_delta_rule`` operation for operation (same loads,
 same l2norm, same order of scale / decay / delta / output), so a chain reproduces fla's decode numerics.
@@ -65,6 +66,125 @@ def _step(b_h, b_k, b_q, b_v, b_g, b_beta):
 
 
 @triton.jit
+def _operands(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+              V: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
+    """q, k, v (both tiles), g, beta of row ``n`` as fp32 (row 0's for an empty side slot ``n < 0``: its
+    result is computed like any other and never stored)."""
+    r = tl.maximum(n, 0)
+    mask_k = o_k < K
+    b_q = tl.load(q + (r * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_k = tl.load(k + (r * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_v = tl.load(v + (r * HV + i_hv) * V + o_v, mask=o_v < V, other=0).to(tl.float32)
+    b_v1 = b_v
+    if TILES == 2:
+        b_v1 = tl.load(v + (r * HV + i_hv) * V + o_v + BV, mask=o_v + BV < V, other=0).to(tl.float32)
+    b_g = tl.load(g + r * HV + i_hv).to(tl.float32)
+    b_beta = tl.load(beta + r * HV + i_hv).to(tl.float32)
+    return b_q, b_k, b_v, b_v1, b_g, b_beta
+
+
+@triton.jit
+def _node(b_h, b_h1, b_q, b_k, b_v, b_v1, b_g, b_beta, scale, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+          TILES: tl.constexpr):  # fmt: skip
+    """A node's update of both tiles and its output, from its parent's state tiles."""
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    b_h, b_o = _step(b_h, b_k, b_q, b_v, b_g, b_beta)
+    b_o1 = b_o
+    if TILES == 2:
+        b_h1, b_o1 = _step(b_h1, b_k, b_q, b_v1, b_g, b_beta)
+    return b_h, b_h1, b_o, b_o1
+
+
+@triton.jit
+def _store_out(o, n, i_hv, o_v, b_o, b_o1, ok, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+               TILES: tl.constexpr):  # fmt: skip
+    if ok:
+        p_o = o + (n * HV + i_hv) * V + o_v
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=o_v < V)
+        if TILES == 2:
+            tl.store(p_o + BV, b_o1.to(o.dtype.element_ty), mask=o_v + BV < V)
+
+
+@triton.jit
+def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k, o_v,
+          mask_h, mask_h1, tile, n_len, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+          BV: tl.constexpr, TILES: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_CUT: tl.constexpr,
+          SIDE: tl.constexpr):  # fmt: skip
+    """Walk path ``i_p`` from the state tiles ``b_h``/``b_h1``, writing outputs and cut states."""
+    # Operands of step t + 1 (and the rows of step t + 2) are loaded while step t computes, and so are the
+    # plan's per-step flags and side rows: none depends on the state, so their memory latency leaves the
+    # sequential chain. Side leaves are computed unconditionally (an empty slot on row 0's operands, never
+    # stored) so that they share the step's basic block and fill its latency. The math per node is fla's.
+    base = nodes + i_p * L
+    flags = i_p * L
+    last = n_len - 1
+    w_nxt = tl.load(write + flags)
+    c_nxt = -1
+    if HAS_CUT:
+        c_nxt = tl.load(cutidx + flags).to(tl.int64)
+    n_cur = tl.load(base).to(tl.int64)
+    n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
+    nb = _operands(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+    # rows of side slots 0 and 1 of the current step; their operands are loaded when the step begins,
+    # ahead of the node update they wait behind
+    a_cur = -1
+    b_cur = -1
+    if SIDE >= 1:
+        a_cur = tl.load(side + flags * SIDE).to(tl.int64)
+    if SIDE >= 2:
+        b_cur = tl.load(side + flags * SIDE + 1).to(tl.int64)
+    for t in range(0, n_len):
+        node = n_cur
+        b_q, b_k, b_v, b_v1, b_g, b_beta = nb
+        t1 = flags + tl.minimum(t + 1, last)
+        a_row = a_cur
+        b_row = b_cur
+        if SIDE >= 1:
+            na = _operands(q, k, v, g, beta, a_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+            a_cur = tl.load(side + t1 * SIDE).to(tl.int64)
+        if SIDE >= 2:
+            nbb = _operands(q, k, v, g, beta, b_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+            b_cur = tl.load(side + t1 * SIDE + 1).to(tl.int64)
+        n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
+        nb = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+        n_cur, n_nxt = n_nxt, n_after
+        w, c = w_nxt, c_nxt
+        w_nxt = tl.load(write + t1)
+        if HAS_CUT:
+            c_nxt = tl.load(cutidx + t1).to(tl.int64)
+
+        b_h, b_h1, b_o, b_o1 = _node(b_h, b_h1, b_q, b_k, b_v, b_v1, b_g, b_beta, scale,
+                                     USE_QK_L2NORM_IN_KERNEL, TILES)  # fmt: skip
+        # leaf children of this node, from its state (their updated states are dropped); all stores come
+        # after all updates, since a store's branch would split the block the updates interleave in
+        a_o, a_o1, s_o, s_o1 = b_o, b_o1, b_o, b_o1
+        if SIDE >= 1:
+            sq, sk, sv, sv1, sg, sbeta = na
+            _, _, a_o, a_o1 = _node(
+                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
+            )
+        if SIDE >= 2:
+            sq, sk, sv, sv1, sg, sbeta = nbb
+            _, _, s_o, s_o1 = _node(
+                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
+            )
+        _store_out(o, node, i_hv, o_v, b_o, b_o1, w != 0, HV, V, BV, TILES)
+        if SIDE >= 1:
+            _store_out(o, a_row, i_hv, o_v, a_o, a_o1, a_row >= 0, HV, V, BV, TILES)
+        if SIDE >= 2:
+            _store_out(o, b_row, i_hv, o_v, s_o, s_o1, b_row >= 0, HV, V, BV, TILES)
+        if HAS_CUT:
+            if c >= 0:
+                p_c = cut + (c * HV + i_hv) * K * V + tile
+                tl.store(p_c, b_h, mask=mask_h)
+                if TILES == 2:
+                    tl.store(p_c + BV, b_h1, mask=mask_h1)
+
+
+@triton.jit
 def _tree_scan_kernel(
     q,
     k,
@@ -80,7 +200,8 @@ def _tree_scan_kernel(
     start,
     write,
     cutidx,
-    reload,
+    side,
+    sided,
     scale,
     L,
     H: tl.constexpr,
@@ -91,8 +212,8 @@ def _tree_scan_kernel(
     BV: tl.constexpr,
     TILES: tl.constexpr,
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
-    HAS_RELOAD: tl.constexpr,
     HAS_CUT: tl.constexpr,
+    SIDE: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
     pid = tl.program_id(0).to(tl.int64)
@@ -104,12 +225,9 @@ def _tree_scan_kernel(
 
     o_k = tl.arange(0, BK)
     o_v = i_t * (TILES * BV) + tl.arange(0, BV)
-    o_v1 = o_v + BV
     mask_k = o_k < K
-    mask_v = o_v < V
-    mask_v1 = o_v1 < V
-    mask_h = mask_k[:, None] & mask_v[None, :]
-    mask_h1 = mask_k[:, None] & mask_v1[None, :]
+    mask_h = mask_k[:, None] & (o_v < V)[None, :]
+    mask_h1 = mask_k[:, None] & (o_v + BV < V)[None, :]
     tile = o_k[:, None] * V + o_v[None, :]
 
     n_len = tl.load(lens + i_p)
@@ -124,72 +242,19 @@ def _tree_scan_kernel(
     if TILES == 2:
         b_h1 = tl.load(src + BV, mask=mask_h1, other=0).to(tl.float32)
 
-    # Operands of step t + 1 (and the row of step t + 2) are loaded while step t computes, and so are the
-    # plan's per-step flags: none depends on the state, so their memory latency leaves the sequential
-    # chain. The math per step is fla's.
-    base = nodes + i_p * L
-    flags = i_p * L
-    last = n_len - 1
-    w_nxt = tl.load(write + flags)
-    c_nxt = -1
-    if HAS_CUT:
-        c_nxt = tl.load(cutidx + flags).to(tl.int64)
-    r_nxt = 0
-    if HAS_RELOAD:
-        r_nxt = tl.load(reload + flags).to(tl.int64)
-    n_cur = tl.load(base).to(tl.int64)
-    n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
-    nb_q = tl.load(q + (n_cur * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    nb_k = tl.load(k + (n_cur * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    nb_v = tl.load(v + (n_cur * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
-    nb_v1 = nb_v
-    if TILES == 2:
-        nb_v1 = tl.load(v + (n_cur * HV + i_hv) * V + o_v1, mask=mask_v1, other=0).to(tl.float32)
-    nb_g = tl.load(g + n_cur * HV + i_hv).to(tl.float32)
-    nb_beta = tl.load(beta + n_cur * HV + i_hv).to(tl.float32)
-    for t in range(0, n_len):
-        node = n_cur
-        b_q, b_k, b_v, b_v1, b_g, b_beta = nb_q, nb_k, nb_v, nb_v1, nb_g, nb_beta
-        n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
-        nb_q = tl.load(q + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        nb_k = tl.load(k + (n_nxt * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
-        nb_v = tl.load(v + (n_nxt * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
-        if TILES == 2:
-            nb_v1 = tl.load(v + (n_nxt * HV + i_hv) * V + o_v1, mask=mask_v1, other=0).to(tl.float32)
-        nb_g = tl.load(g + n_nxt * HV + i_hv).to(tl.float32)
-        nb_beta = tl.load(beta + n_nxt * HV + i_hv).to(tl.float32)
-        n_cur, n_nxt = n_nxt, n_after
-        t1 = flags + tl.minimum(t + 1, last)
-        w, c, r = w_nxt, c_nxt, r_nxt
-        w_nxt = tl.load(write + t1)
-        if HAS_CUT:
-            c_nxt = tl.load(cutidx + t1).to(tl.int64)
-        if HAS_RELOAD:  # a packed program: the next route starts over from its committed state
-            r_nxt = tl.load(reload + t1).to(tl.int64)
-            if r < 0:
-                p_r = h0 + (tl.load(h0_idx + (-r - 1)).to(tl.int64) * HV + i_hv) * K * V + tile
-                b_h = tl.load(p_r, mask=mask_h, other=0).to(tl.float32)
-                if TILES == 2:
-                    b_h1 = tl.load(p_r + BV, mask=mask_h1, other=0).to(tl.float32)
-
-        if USE_QK_L2NORM_IN_KERNEL:
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-        b_q = b_q * scale
-        b_h, b_o = _step(b_h, b_k, b_q, b_v, b_g, b_beta)
-        if TILES == 2:
-            b_h1, b_o1 = _step(b_h1, b_k, b_q, b_v1, b_g, b_beta)
-        if w != 0:
-            p_o = o + (node * HV + i_hv) * V + o_v
-            tl.store(p_o, b_o.to(o.dtype.element_ty), mask=mask_v)
-            if TILES == 2:
-                tl.store(p_o + BV, b_o1.to(o.dtype.element_ty), mask=mask_v1)
-        if HAS_CUT:
-            if c >= 0:
-                p_c = cut + (c * HV + i_hv) * K * V + tile
-                tl.store(p_c, b_h, mask=mask_h)
-                if TILES == 2:
-                    tl.store(p_c + BV, b_h1, mask=mask_h1)
+    # A program of a sided path runs the walk with its side slots, every other one the plain walk (one
+    # launch, so short sided paths overlap the long plain ones).
+    sided_p = 0
+    if SIDE > 0:
+        sided_p = tl.load(sided + i_p)
+    if sided_p != 0:
+        _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
+              o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
+              SIDE)  # fmt: skip
+    else:
+        _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
+              o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
+              0)  # fmt: skip
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -302,7 +367,8 @@ def tree_gdn(
             lv.start,
             lv.write,
             lv.cut,
-            lv.cut if lv.reload is None else lv.reload,
+            lv.nodes if lv.side is None else lv.side,
+            lv.lens if lv.sided is None else lv.sided,
             scale,
             lv.max_len,
             H=H,
@@ -313,8 +379,8 @@ def tree_gdn(
             BV=BV,
             TILES=config.tiles,
             USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-            HAS_RELOAD=lv.reload is not None,
             HAS_CUT=bool(lv.has_cut),
+            SIDE=lv.num_side,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
         )

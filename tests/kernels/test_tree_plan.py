@@ -37,20 +37,35 @@ def test_flat_mode_is_root_to_leaf() -> None:
     assert plan.path_counts == (11,) and plan.max_lengths == (12,) and plan.num_cut == 0
 
 
-def test_packed_mode_fits_hydra27_routes_into_six_programs() -> None:
-    flat, packed = plan_paths(HYDRA, mode="flat"), plan_paths(HYDRA, mode="packed")
-    assert flat.path_lengths == (12, 8, 6, 6, 6, 5, 5, 4, 4, 3, 3)
-    # first-fit decreasing into programs of the spine's 12 steps: 62 updates need at least 6
-    assert packed.path_counts == (6,) and packed.max_lengths == (12,) and packed.num_cut == 0
-    assert sum(packed.path_lengths) == sum(flat.path_lengths) == 62
-    _check(HYDRA, [0, len(HYDRA)], "packed")
+def test_side_mode_rides_hydra27_runner_ups_along_the_spine() -> None:
+    flat, side = plan_paths(HYDRA, mode="flat"), plan_paths(HYDRA, mode="side")
+    assert flat.path_lengths == (12, 8, 6, 6, 6, 5, 5, 4, 4, 3, 3) and flat.updates == 62
+    # the spine carries the two runner-ups of depths 2-5; the two rescue chains keep their own routes
+    assert side.path_counts == (3,) and side.path_lengths == (12, 8, 6) and side.num_cut == 0
+    assert side.updates == 34 and side.levels[0].num_side == 2
+    spine, spine_sides = side.paths[0][0][1], side.levels[0].side[0].tolist()
+    assert all(len(x) == 2 and {HYDRA[n] for n in x} == {spine[t]} for t, x in enumerate(spine_sides[1:5], 1))
+    assert all(x == [-1, -1] for x in spine_sides[:1] + spine_sides[5:])
+    _check(HYDRA, [0, len(HYDRA)], "side")
+    # sidecar: the spine runs plain; a recomputed copy of its first five nodes carries the eight leaves
+    car = plan_paths(HYDRA, mode="sidecar")
+    assert car.path_lengths == (12, 8, 6, 5) and car.updates == 39
+    assert car.levels[0].sided.tolist() == [0, 0, 0, 1] and car.levels[0].write[3].sum() == 0
+    _check(HYDRA, [0, len(HYDRA)], "sidecar")
+
+
+def test_side_slots_overflow_into_routes() -> None:
+    star = [-1] + [0] * 5  # five leaves under the root: one ends the route, two ride along, two get routes
+    plan = plan_paths(star, mode="side")
+    assert plan.path_counts == (3,) and plan.updates == 3 * 2 + 2
+    _check(star, [0, len(star)], "side")
 
 
 def test_only_levels_that_export_cut_states_say_so() -> None:
     """``has_cut`` compiles the cut export out of the scan: it must be exact, also across ``to``."""
     levels = plan_paths(HYDRA, mode="levels").levels
     assert [lv.has_cut for lv in levels] == [True, False]
-    for mode in ("flat", "packed"):
+    for mode in ("flat", "side", "sidecar"):
         assert [lv.has_cut for lv in plan_paths(HYDRA, mode=mode).levels] == [False]
     for lv in levels:
         assert lv.has_cut == bool((lv.cut >= 0).any()) == lv.to("cpu").has_cut
@@ -66,17 +81,17 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
     for li, lv in enumerate(plan.levels):
         nodes, lens, start = lv.nodes.tolist(), lv.lens.tolist(), lv.start.tolist()
         write, cut = lv.write.tolist(), lv.cut.tolist()
-        reload = lv.reload.tolist() if lv.reload is not None else [[0] * lv.max_len] * lv.num_paths
-        assert (lv.reload is not None) == (mode == "packed")
+        side = lv.side.tolist() if lv.side is not None else [[[]] * lv.max_len] * lv.num_paths
+        assert mode in ("side", "sidecar") or lv.side is None
         for p in range(lv.num_paths):
             path = nodes[p][: lens[p]]
-            assert all(x == -1 for x in nodes[p][lens[p] :]) and reload[p][0] == 0
-            for t, (a, b) in enumerate(zip(path, path[1:], strict=False)):
-                if reload[p][t + 1] < 0:  # a packed program's next route: a root of the named sequence
-                    seq = -reload[p][t + 1] - 1
-                    assert gpar[b] == -1 and cu[seq] <= b < cu[seq + 1]
-                else:
-                    assert gpar[b] == a, "consecutive path nodes must be parent and child"
+            assert all(x == -1 for x in nodes[p][lens[p] :])
+            for a, b in zip(path, path[1:], strict=False):
+                assert gpar[b] == a, "consecutive path nodes must be parent and child"
+            for t, leaves in enumerate(side[p]):
+                for n in (x for x in leaves if x >= 0):
+                    assert t < lens[p] and gpar[n] == path[t] and n not in gpar, "a side leaf is a leaf child"
+                    written[n] += 1
             if start[p] >= 0:
                 assert ready.get(start[p], li) < li, "a path must start from a cut state of an earlier level"
             else:
@@ -88,7 +103,7 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
     assert written == [1] * len(parents), "every row written exactly once"
 
 
-@pytest.mark.parametrize("mode", ["levels", "flat", "packed"])
+@pytest.mark.parametrize("mode", ["levels", "flat", "side", "sidecar"])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_forests_are_sound(seed: int, mode: str) -> None:
     rng = random.Random(seed)
@@ -109,9 +124,12 @@ def test_rejects_bad_parents() -> None:
 
 
 def test_auto_mode_picks_one_launch_only_when_recomputation_stays_small() -> None:
-    assert plan_paths(HYDRA, mode="auto").mode == "flat"  # 62 updates for 32 nodes
-    bushy = [-1] + [0] * 3 + [1 + i // 3 for i in range(9)] + [4 + i // 3 for i in range(27)]
-    auto = plan_paths(bushy, mode="auto")  # 27 leaves at depth 3: flat would do 108 updates for 40 nodes
-    assert auto.mode == "levels" and sum(auto.path_lengths) == len(bushy)
+    assert plan_paths(HYDRA, mode="auto").mode == "side"  # 34 updates for 32 rows
+    comb = [-1] + list(range(9))  # a spine of 10 with a two-node branch under every spine node
+    for i in range(10):
+        comb += [i, len(comb)]
+    auto = plan_paths(comb, mode="auto")  # side would recompute every branch's prefix: 75 updates for 30 rows
+    assert plan_paths(comb, mode="side").updates == 75
+    assert auto.mode == "levels" and sum(auto.path_lengths) == len(comb)
     with pytest.raises(ValueError, match="unknown plan mode"):
         plan_paths(HYDRA, mode="bogus")

@@ -60,7 +60,9 @@ TREES = {
 }
 
 
-CASES = [(name, "levels") for name in sorted(TREES)] + [(n, "flat") for n in ("hydra27", "chain16", "star9")]
+CASES = [(name, "levels") for name in sorted(TREES)] + [
+    (n, m) for n in ("hydra27", "chain16", "star9") for m in ("flat", "side", "sidecar")
+]
 
 
 @pytest.mark.parametrize(("name", "mode"), CASES)
@@ -106,7 +108,7 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
-    for tiles, mode in ((2, "levels"), (1, "flat"), (2, "auto"), (1, "packed"), (2, "packed")):
+    for tiles, mode in ((2, "levels"), (1, "flat"), (2, "auto"), (1, "side"), (2, "side"), (2, "sidecar")):
         assert torch.equal(run(tiles, mode), base), (tiles, mode)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
@@ -127,8 +129,8 @@ def test_batched_trees_with_state_indices_and_bf16() -> None:
     assert o.dtype == torch.bfloat16
     torch.testing.assert_close(o.float(), o_ref.float(), rtol=1e-2, atol=1e-2)
     assert torch.equal(pool, before), "the committed states must never be written by the scan"
-    # packed: the chain's route may share a program with hydra27's, reloading another sequence's state
-    cfg = ts.TreeScanConfig(block_v=8, plan_mode="packed")
+    # side leaves of hydra27 beside a plain chain, each route starting from its own sequence's state
+    cfg = ts.TreeScanConfig(block_v=8, plan_mode="side")
     assert torch.equal(ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg, **kw)[0], o)
     # the chain of sequence 1 is plain decoding from pool[0]: compare against the per-node reference alone
     o_chain, _ = tree_gdn_ref(q[:, 32:], k[:, 32:], v[:, 32:], g[:, 32:], beta[:, 32:], b, pool[:1],
