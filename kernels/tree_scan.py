@@ -45,8 +45,8 @@ class TreeScanConfig:
     num_stages: int = 3
     """Software pipelining depth of the node loop (operand prefetch)."""
     plan_mode: str = "auto"
-    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks one
-    launch over root-to-leaf paths unless that more than doubles the node updates)."""
+    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks the
+    one-launch sidecar plan unless its recomputed prefixes more than double the node updates)."""
     tiles: int = 2
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two independent update chains per warp hide each other's latency and share

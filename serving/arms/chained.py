@@ -64,6 +64,7 @@ class ChainedArm:
                 assert first is not None, "a completed prompt has its first token"
                 nxt.append(first)
             self.drafter.feed(r.req_id, s, nxt, feedback.hidden[lo:hi])
+        self.drafter.absorb([r.req_id for r in feedback.requests])
 
     def on_step(self, feedback: StepFeedback) -> None:
         for i, r in enumerate(feedback.requests):

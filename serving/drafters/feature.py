@@ -119,9 +119,7 @@ class FeatureDrafter:
         width = self.config.depth + 1 if n <= self.config.depth + 1 else 1 << (n - 1).bit_length()
         if self.graphs is not None and width <= 32:
             return self._draft_static(ids, pend, list(context_lens), width)
-        batch = self.caches.make_batch("prefill", ids, [p.tokens for p in pend], [p.start for p in pend])
-        feats = torch.cat([f for p in pend for f in p.features])
-        h = self.layer(self.embed(batch.input_ids), feats, batch, self.caches)
+        h, batch = self._extend(ids, pend)
         h = h[batch.cu_seqlens[1:] - 1]
         toks, probs = [], []
         top = self._top(h)
@@ -135,6 +133,29 @@ class FeatureDrafter:
             h = self.layer(self.embed(batch.input_ids), h, batch, self.caches)
             top = self._top(h)
         return Drafts(torch.stack(toks, 1), torch.stack(probs, 1))
+
+    def absorb(self, seq_ids: Sequence[str]) -> None:
+        """Run the extend pass now over all pending rows but the last of each sequence (their KV is written,
+        their outputs are not needed): called after prefill, so the prompt's drafter pass is prefill work (as
+        in vLLM) and the first decode step drafts on the fixed-shape path like every other step."""
+        ids = [s for s in seq_ids if s in self._pending and len(self._pending[s].tokens) > 1]
+        if not ids:
+            return
+        heads, tails = [], []
+        for sid in ids:
+            p = self._pending[sid]
+            f = torch.cat(p.features) if len(p.features) > 1 else p.features[0]
+            n = len(p.tokens) - 1
+            heads.append(_Pending(p.start, p.tokens[:n], [f[:n]]))
+            tails.append(_Pending(p.start + n, p.tokens[n:], [f[n:]]))
+        self._extend(ids, heads)
+        self._pending.update(zip(ids, tails, strict=True))
+
+    def _extend(self, ids: list[str], pend: list[_Pending]) -> tuple[torch.Tensor, ForwardBatch]:
+        """One eager pass over the pending rows (prefill mode): writes their KV, returns all rows' outputs."""
+        batch = self.caches.make_batch("prefill", ids, [p.tokens for p in pend], [p.start for p in pend])
+        feats = torch.cat([f for p in pend for f in p.features])
+        return self.layer(self.embed(batch.input_ids), feats, batch, self.caches), batch
 
     def _draft_static(self, ids: list[str], pend: list[_Pending], ctxs: list[int], width: int) -> Drafts:
         """Extend (padded to ``width`` rows per request) + chain on fixed shapes, through ``self.graphs``."""

@@ -124,12 +124,12 @@ def test_rejects_bad_parents() -> None:
 
 
 def test_auto_mode_picks_one_launch_only_when_recomputation_stays_small() -> None:
-    assert plan_paths(HYDRA, mode="auto").mode == "side"  # 34 updates for 32 rows
+    assert plan_paths(HYDRA, mode="auto").mode == "sidecar"  # 39 updates for 32 rows
     comb = [-1] + list(range(9))  # a spine of 10 with a two-node branch under every spine node
     for i in range(10):
         comb += [i, len(comb)]
-    auto = plan_paths(comb, mode="auto")  # side would recompute every branch's prefix: 75 updates for 30 rows
-    assert plan_paths(comb, mode="side").updates == 75
+    auto = plan_paths(comb, mode="auto")  # sidecar would recompute every branch's prefix: 75 updates, 30 rows
+    assert plan_paths(comb, mode="sidecar").updates == 75
     assert auto.mode == "levels" and sum(auto.path_lengths) == len(comb)
     with pytest.raises(ValueError, match="unknown plan mode"):
         plan_paths(HYDRA, mode="bogus")
