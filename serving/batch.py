@@ -118,22 +118,22 @@ class ForwardBatch:
         if table_width is not None:  # fixed-shape tables (CUDA graphs)
             assert width <= table_width, f"{width} blocks do not fit a table of {table_width}"
             width = table_width
-        table = [list(b) + [0] * (width - len(b)) for b in block_tables]
-        par_flat = [p for ps in parents for p in ps] if mode == "tree" and parents is not None else None
-
-        def t(x: Sequence[int] | Sequence[Sequence[int]]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=device)
-
+        table = [x for b in block_tables for x in (*b, *[0] * (width - len(b)))]
+        par_flat = [p for ps in parents for p in ps] if mode == "tree" and parents is not None else []
+        # One upload for every field (each torch.tensor(..., device=cuda) is a blocking copy of its own)
+        fields = (ids, pos, cu, list(state_rows), list(context_lens), slots, table, par_flat)
+        host = torch.tensor([x for f in fields for x in f], dtype=torch.long)
+        ids_, pos_, cu_, rows_, ctx_, slots_, table_, par_ = host.to(device).split([len(f) for f in fields])
         return cls(
             mode=mode,
-            input_ids=t(ids),
-            positions=t(pos),
-            cu_seqlens=t(cu),
-            state_rows=t(list(state_rows)),
-            context_lens=t(list(context_lens)),
-            slot_mapping=t(slots),
-            block_tables=t(table).view(S, width),
-            parents=None if par_flat is None else t(par_flat),
+            input_ids=ids_,
+            positions=pos_,
+            cu_seqlens=cu_,
+            state_rows=rows_,
+            context_lens=ctx_,
+            slot_mapping=slots_,
+            block_tables=table_.view(S, width),
+            parents=par_ if mode == "tree" else None,
             seq_lens_host=[len(x) for x in tokens],
             context_lens_host=list(context_lens),
             parents_host=[list(p) for p in parents] if mode == "tree" and parents is not None else None,

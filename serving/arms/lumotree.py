@@ -60,7 +60,8 @@ class LumoTreeArm(ChainedArm):
 
     def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         d = self.drafts(requests)
-        tokens, probs = d.tokens.tolist(), d.probs.tolist()  # the drafting step's one host read
+        tokens = d.tokens.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
+        probs = d.probs.tolist() if self.tree == "adaptive" else [None] * len(requests)
         out = []
         for r, tk, pr in zip(requests, tokens, probs, strict=True):
             sfx = self.suffix[r.req_id]

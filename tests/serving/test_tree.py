@@ -27,9 +27,9 @@ def test_hydra27_matches_the_shared_file(shared_data) -> None:
     assert topo.spine == tuple(range(12)), "the spine occupies rows 0..11"
     plan = topo.plan("levels")
     assert plan.path_counts == (1, 11) and plan.max_lengths == (5, 7)
-    # flat recomputes the shared prefixes: 11 root-to-leaf routes, at most twice the 32 row updates
-    flat = topo.plan()
-    assert flat.mode == "flat" and flat.path_counts == (11,) and sum(flat.path_lengths) <= 2 * topo.num_rows
+    # the served plan: spine, two rescue chains and a recomputed spine prefix carrying the eight leaves
+    car = topo.plan()
+    assert car.mode == "sidecar" and car.path_counts == (4,) and car.updates <= 2 * topo.num_rows
     assert max(len(c) for c in topo.children) == 3
 
 
