@@ -309,7 +309,9 @@ class Engine:
             r.context_len += len(toks)  # root + accepted drafts are now committed
             new_tokens.append(toks[1:] + [b])
         self.arm.on_step(
-            StepFeedback(reqs, trees, hidden, tb.offsets, accepted, acc_tokens, bonus, ctx_before)
+            StepFeedback(
+                reqs, trees, hidden, tb.offsets, accepted, acc_tokens, bonus, ctx_before, res.accepted
+            )
         )
         elapsed = time.perf_counter() - t0
         c = self.counters

@@ -60,6 +60,8 @@ class StepFeedback:
     """Per request: the token drawn where the walk stopped: the next pending token (next tree's root)."""
     context_lens_before: list[int]
     """Per request: committed tokens before this step (the root sits at this position)."""
+    accepted_device: torch.Tensor | None = None
+    """[S, W] ``accepted`` on the device, padded with -1 (lets arms gather rows without an upload)."""
 
 
 @runtime_checkable

@@ -70,7 +70,12 @@ class ChainedArm:
         for i, r in enumerate(feedback.requests):
             if r.finished:
                 continue
-            rows = torch.tensor(feedback.accepted[i], device=feedback.hidden.device) + feedback.row_offsets[i]
+            dev = feedback.accepted_device
+            if dev is None:
+                rows = torch.tensor(feedback.accepted[i], device=feedback.hidden.device)
+            else:  # the walk's rows are root first, -1 padded: no upload
+                rows = dev[i, : len(feedback.accepted[i])]
+            rows = rows + feedback.row_offsets[i]
             nxt = feedback.accepted_tokens[i][1:] + [feedback.bonus[i]]
             self.drafter.feed(r.req_id, feedback.context_lens_before[i], nxt, feedback.hidden[rows])
 
