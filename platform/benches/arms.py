@@ -99,20 +99,25 @@ def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: 
     return out
 
 
+MAX_STEP_TOKENS = 65
+"""Most tokens one step can commit: the largest tree the benches verify (64 nodes) plus the bonus token."""
+
+
 def arm_engine(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
                graphs: bool) -> tuple[Any, Any]:  # fmt: skip
     """A batch-1 engine of ``arm`` over ``model`` with ``prompt`` prefilled and room for ``steps`` more steps
-    (greedy, EOS ignored): (engine, request)."""
+    (greedy, EOS ignored) even if every step accepts a whole tree (a trained model does): (engine, request)."""
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.sampler import SamplingParams
 
     if arm == "eagle":
         opts = {**opts, "eagle_head": eagle_head}
+    room = steps * MAX_STEP_TOKENS
     cfg = EngineConfig(arm=arm, arm_options=opts, device=str(model.embed_tokens.weight.device),
-                       max_seqs=1, max_model_len=len(prompt) + steps + 80, cuda_graphs=graphs,
+                       max_seqs=1, max_model_len=len(prompt) + room + 80, cuda_graphs=graphs,
                        graph_batch_sizes=(1,), max_prefill_tokens=len(prompt))  # fmt: skip
     eng = Engine(model, None, cfg, model_name="random")
-    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True))
+    req = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=room + 8, ignore_eos=True))
     eng.step()  # prefill
     return eng, req
 

@@ -74,6 +74,8 @@ def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: 
         if cuda:
             torch.cuda.synchronize()
     wall = (time.perf_counter() - t0) * 1e3 / steps
+    if req.finished:
+        raise RuntimeError(f"{arm}: the request finished before the profiled steps ended")
     eng.abort(req.req_id)
     events = []
     for e in prof.key_averages():
