@@ -125,7 +125,7 @@ def build_chain(
 ) -> TreeDescriptor:
     """A fanout-1 tree: root + drafts (MTP-k, EAGLE); drafts may stay on the device."""
     d = torch.as_tensor(drafts, dtype=torch.long, device=device).reshape(-1)
-    ids = torch.cat([torch.tensor([int(root)], dtype=torch.long, device=device), d])
+    ids = torch.cat([torch.full((1,), int(root), dtype=torch.long, device=device), d])  # a fill, no upload
     return TreeDescriptor(chain(int(d.numel())), ids, prefix_len)
 
 

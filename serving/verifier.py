@@ -45,23 +45,42 @@ class VerifyOutput:
         )
 
 
-def tree_forward_batch(
-    caches: StateCaches, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]
+def tree_skeleton(
+    caches: StateCaches,
+    seq_ids: Sequence[int | str],
+    prefix_lens: Sequence[int],
+    parents: Sequence[Sequence[int]],
 ) -> ForwardBatch:
-    """The tree-mode batch of these requests; each descriptor's prefix_len is its request's context length."""
+    """The tree-mode batch of these shapes with zero token ids: slots, positions and tables from the
+    shared builder (host shapes only). The tokens go in afterwards from the device, so the drafter's
+    tokens never travel to the host for packing."""
+    assert len(seq_ids) == len(prefix_lens) == len(parents) and seq_ids
+    tokens = [[0] * len(p) for p in parents]
+    return caches.make_batch("tree", list(seq_ids), tokens, list(prefix_lens), [list(p) for p in parents])
+
+
+def _shape_key(
+    seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]]
+) -> tuple[Any, ...]:
+    return tuple(seq_ids), tuple(prefix_lens), tuple(tuple(p) for p in parents)
+
+
+def tree_forward_batch(
+    caches: StateCaches,
+    seq_ids: Sequence[int | str],
+    descriptors: Sequence[TreeDescriptor],
+    skeleton: ForwardBatch | None = None,
+) -> ForwardBatch:
+    """The tree-mode batch of these requests; each descriptor's prefix_len is its request's context length
+    (``skeleton``: the same shapes' ``tree_skeleton``, built ahead)."""
     assert len(seq_ids) == len(descriptors) and descriptors
-    # Slots, positions and tables come from the shared builder (host shapes only); the token ids are put in
-    # afterwards from the device so the drafter's tokens never travel to the host for packing.
-    batch = caches.make_batch(
-        "tree",
-        list(seq_ids),
-        [[0] * d.num_rows for d in descriptors],
-        [d.prefix_len for d in descriptors],
-        [list(d.parents) for d in descriptors],
-    )
+    if skeleton is None:
+        skeleton = tree_skeleton(
+            caches, seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors]
+        )
+    batch = skeleton
     batch.input_ids = torch.cat([d.token_ids.to(batch.input_ids.device) for d in descriptors])
-    expect = [p for d in descriptors for p in d.positions]
-    assert batch.positions.shape[0] == len(expect)
+    assert batch.positions.shape[0] == batch.input_ids.shape[0]
     return batch
 
 
@@ -76,9 +95,25 @@ class Verifier:
         self.sampler = sampler or Sampler(model.config.vocab_size, caches.device)
         self.runner = runner
         """The engine's ``ModelRunner``: tree forward and commit replay as CUDA graphs through it."""
+        self._ahead: tuple[Any, ForwardBatch] | None = None
+        """(shape key, batch) of ``prepare``."""
+
+    def prepare(
+        self, seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]]
+    ) -> None:
+        """Build the batch of trees whose shapes are known before their tokens (a fixed tree), while the
+        drafter still runs on the device; the next ``verify`` of exactly these shapes uses it."""
+        self._ahead = (
+            _shape_key(seq_ids, prefix_lens, parents),
+            tree_skeleton(self.caches, seq_ids, prefix_lens, parents),
+        )
 
     def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
-        batch = tree_forward_batch(self.caches, seq_ids, descriptors)
+        ahead, self._ahead = self._ahead, None
+        key = _shape_key(seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors])
+        batch = tree_forward_batch(
+            self.caches, seq_ids, descriptors, ahead[1] if ahead and ahead[0] == key else None
+        )
         if self.runner is not None:
             hidden, logits, record = self.runner.tree_forward(batch)
         else:

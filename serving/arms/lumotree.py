@@ -40,9 +40,15 @@ class LumoTreeArm(ChainedArm):
         self.adaptive = AdaptiveConfig()
         self.suffix_cache = SuffixCache(SuffixConfig())
         self.suffix: dict[str, SuffixDrafter] = {}
+        self.verifier: Any = None
+        """The engine's verifier, to build a fixed tree's batch while its drafts are computed."""
 
     def max_tree_rows(self) -> int:
         return hydra27().num_rows if self.tree == "hydra27" else self.adaptive.budget
+
+    def start(self, engine: Any) -> None:
+        super().start(engine)
+        self.verifier = getattr(engine, "verifier", None)
 
     def make_drafter(self, engine: Any) -> FeatureDrafter:
         return mtp_drafter(engine.model, engine.caches, ChainConfig(self.depth, self.topk))
@@ -60,6 +66,10 @@ class LumoTreeArm(ChainedArm):
 
     def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         d = self.drafts(requests)
+        if self.tree == "hydra27" and self.verifier is not None:  # host work while the drafter runs
+            shape = hydra27().parents
+            self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
+                                  [shape] * len(requests))  # fmt: skip
         tokens = d.tokens.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
         probs = d.probs.tolist() if self.tree == "adaptive" else [None] * len(requests)
         out = []
