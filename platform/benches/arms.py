@@ -106,7 +106,7 @@ MAX_STEP_TOKENS = 65
 def arm_engine(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
                graphs: bool) -> tuple[Any, Any]:  # fmt: skip
     """A batch-1 engine of ``arm`` over ``model`` with ``prompt`` prefilled and room for ``steps`` more steps
-    (greedy, EOS ignored) even if every step accepts a whole tree, as a trained model may: (engine, request)."""
+    (greedy, EOS ignored) even if every step accepts a whole tree: (engine, request)."""
     from lumotree.serving.engine import Engine, EngineConfig
     from lumotree.serving.sampler import SamplingParams
 
