@@ -45,7 +45,8 @@ import torch
 
 PLAN_MODES = ("levels", "flat", "side", "sidecar", "auto")
 SIDE_CAP = 2
-"""Side leaves per route step (hydra27 has two runner-ups per depth); more become routes of their own."""
+"""Side leaves per route step (hydra27 has two runner-ups per depth; the scan kernel has two slots); more
+become routes of their own."""
 
 
 @dataclass(frozen=True)

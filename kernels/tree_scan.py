@@ -115,9 +115,11 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
           SIDE: tl.constexpr):  # fmt: skip
     """Walk path ``i_p`` from the state tiles ``b_h``/``b_h1``, writing outputs and cut states."""
     # Operands of step t + 1 (and the rows of step t + 2) are loaded while step t computes, and so are the
-    # plan's per-step flags and side rows: none depends on the state, so their memory latency leaves the
-    # sequential chain. Side leaves are computed unconditionally (an empty slot on row 0's operands, never
-    # stored) so that they share the step's basic block and fill its latency. The math per node is fla's.
+    # plan's per-step flags and the side rows of step t + 1: none depends on the state, so their memory
+    # latency leaves the sequential chain. Side leaves are computed unconditionally (an empty slot on row
+    # 0's operands, never stored) so that they share the step's basic block and fill its latency; their
+    # operands are loaded as the step begins, ahead of the node update (loading them a step earlier too
+    # would hold two more q/k pairs in registers). The math per node is fla's.
     base = nodes + i_p * L
     flags = i_p * L
     last = n_len - 1
@@ -128,8 +130,7 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
     n_cur = tl.load(base).to(tl.int64)
     n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
     nb = _operands(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-    # rows of side slots 0 and 1 of the current step; their operands are loaded when the step begins,
-    # ahead of the node update they wait behind
+    # rows of side slots 0 and 1 of the current step (SIDE <= 2: tree_plan.SIDE_CAP)
     a_cur = -1
     b_cur = -1
     if SIDE >= 1:
@@ -352,6 +353,7 @@ def tree_gdn(
     assert config.tiles in (1, 2), "tiles must be 1 or 2"
     NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
     for lv in levels:
+        assert lv.num_side <= 2, "the kernel has two side slots per step"
         _tree_scan_kernel[(lv.num_paths * HV * NT,)](
             q,
             k,
