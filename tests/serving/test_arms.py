@@ -245,3 +245,24 @@ def test_static_drafting_grows_kv_room_for_the_chain(model, ckpt, accepted: int)
         drafter.release("s")
     assert torch.equal(got[0].tokens, got[1].tokens)
     torch.testing.assert_close(got[0].probs, got[1].probs)
+
+
+def test_absorbing_the_prompt_at_prefill_drafts_like_one_pass(model, ckpt) -> None:
+    """``absorb`` runs the drafter over all prompt rows but the last at prefill; the first draft from the
+    remaining row equals the draft of one pass over the whole prompt."""
+    name, opts = ARMS["eagle"]  # its own caches: the drafter can be fed without an engine request
+    cfg = EngineConfig(arm=name, arm_options={**opts, "eagle_path": str(ckpt / "eagle")}, max_seqs=1,
+                       max_model_len=128)  # fmt: skip
+    drafter = Engine(model, None, cfg).arm.drafter
+    feats = torch.randn(20, model.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    toks = [(5 * i + 2) % 200 for i in range(20)]
+    got = []
+    for absorb in (True, False):
+        drafter.feed("s", 0, toks, feats)
+        if absorb:
+            drafter.absorb(["s"])
+            assert drafter._pending["s"].start == 19 and len(drafter._pending["s"].tokens) == 1
+        got.append(drafter.draft(["s"], [20]))
+        drafter.release("s")
+    assert torch.equal(got[0].tokens, got[1].tokens)
+    torch.testing.assert_close(got[0].probs, got[1].probs)

@@ -146,3 +146,21 @@ def test_greedy_step_accepts_the_native_continuation(tiny) -> None:
     row = caches.seqs[0].state_row
     replay = _replay_one_by_one(out.record, list(spine[:6]), snap[0][:, row])
     assert torch.equal(caches.recurrent.state[:, row], replay)
+
+
+def test_a_batch_prepared_ahead_serves_only_its_own_shapes(tiny) -> None:
+    """``prepare`` builds a fixed tree's batch while the drafter runs: ``verify`` of exactly those shapes
+    takes it, anything else builds its own, and the logits are the same either way."""
+    model, caches, snap = tiny
+    ctx = len(PROMPT)
+    d = _hydra(root=11, prefix=ctx, seed=4)
+    ver = Verifier(model, caches)
+    want = ver.verify([0], [d]).logits.clone()
+    for prefix, used in ((ctx, True), (ctx + 1, False)):
+        _restore(caches, snap)
+        ver.prepare([0], [prefix], [hydra27().parents])
+        ahead = ver._ahead
+        assert ahead is not None
+        out = ver.verify([0], [d])
+        assert (out.batch is ahead[1]) == used and ver._ahead is None
+        assert torch.equal(out.logits, want)
