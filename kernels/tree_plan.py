@@ -23,7 +23,7 @@ and recomputes their shared prefix without writing it.
 node's state updated by the leaf and read for its output, then dropped) by the program that holds that
 state anyway, up to ``SIDE_CAP`` per step. The scan is latency-bound and the state of one program per
 route of hydra27 (11 routes x 48 heads x 16 [128, 8] fp32 tiles = 33 MB) fills the H200's register file,
-so flat runs in two waves; its ten runner-up leaves ride along the spine instead, leaving 3 routes. A side
+so flat runs in two waves; its eight runner-up leaves ride along the spine instead, leaving 3 routes. A side
 leaf runs the very node update its own route would, on the same parent state, so its output is bitwise
 that of the flat plan.
 

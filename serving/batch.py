@@ -8,6 +8,8 @@ from typing import Literal
 
 import torch
 
+from .upload import to_device
+
 Mode = Literal["prefill", "decode", "tree"]
 
 
@@ -120,10 +122,10 @@ class ForwardBatch:
             width = table_width
         table = [x for b in block_tables for x in (*b, *[0] * (width - len(b)))]
         par_flat = [p for ps in parents for p in ps] if mode == "tree" and parents is not None else []
-        # One upload for every field (each torch.tensor(..., device=cuda) is a blocking copy of its own)
+        # One queued upload for every field (a torch.tensor(..., device=cuda) each would wait for the stream)
         fields = (ids, pos, cu, list(state_rows), list(context_lens), slots, table, par_flat)
-        host = torch.tensor([x for f in fields for x in f], dtype=torch.long)
-        ids_, pos_, cu_, rows_, ctx_, slots_, table_, par_ = host.to(device).split([len(f) for f in fields])
+        flat = to_device([x for f in fields for x in f], device)
+        ids_, pos_, cu_, rows_, ctx_, slots_, table_, par_ = flat.split([len(f) for f in fields])
         return cls(
             mode=mode,
             input_ids=ids_,

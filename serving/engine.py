@@ -26,6 +26,7 @@ from lumotree.serving.request import Request, RequestStats, Status
 from lumotree.serving.runner import ModelRunner, RunnerConfig
 from lumotree.serving.sampler import PresenceHistory, Sampler, SamplingParams, TreeBatch, random_seed
 from lumotree.serving.scheduler import PrefillChunk, Scheduler, SchedulerConfig
+from lumotree.serving.upload import to_device
 from lumotree.serving.verifier import Verifier
 
 
@@ -280,7 +281,7 @@ class Engine:
         with self.timer.span("target_forward", self.counters):
             if plain:
                 logits, hidden = self.runner.decode(reqs)
-                tb = TreeBatch.roots(torch.tensor([r.pending_token for r in reqs], device=self.device))
+                tb = TreeBatch.roots(to_device([r.pending_token for r in reqs], self.device))
             else:
                 out = self.verifier.verify([r.req_id for r in reqs], trees)
                 logits, hidden, tb = out.logits, out.hidden, out.tree_batch()
@@ -364,7 +365,7 @@ class Engine:
                 break
         self.history.add(
             torch.full((len(added),), req.state_row, device=self.device),
-            torch.tensor(added, device=self.device),
+            to_device(added, self.device),
         )
         self.counters.generation_tokens += len(added)
         # Hold back text that could still become a stop string.

@@ -19,6 +19,7 @@ import torch
 
 from .drafters.suffix import SuffixDrafter
 from .tree import TreeDescriptor, TreeTopology, chain
+from .upload import to_device
 
 PAD_TOKEN = 0
 """Token id of inactive rows (they run through the model but are never sampled)."""
@@ -116,7 +117,7 @@ def build_fixed(
     act = list(active)
     for r in range(1, n):
         act[r] = act[r] and act[topology.parents[r]]
-    ids = torch.tensor([PAD_TOKEN if t is None else t for t in toks], dtype=torch.long, device=device)
+    ids = to_device([PAD_TOKEN if t is None else t for t in toks], device)
     return TreeDescriptor(topology, ids, prefix_len, tuple(act))
 
 

@@ -17,6 +17,7 @@ from lumotree.serving.arms.base import PrefillFeedback, StepFeedback
 from lumotree.serving.drafters.feature import Drafts, FeatureDrafter
 from lumotree.serving.request import Request
 from lumotree.serving.tree import TreeDescriptor
+from lumotree.serving.upload import to_device
 
 
 class ChainedArm:
@@ -72,7 +73,7 @@ class ChainedArm:
                 continue
             dev = feedback.accepted_device
             if dev is None:
-                rows = torch.tensor(feedback.accepted[i], device=feedback.hidden.device)
+                rows = to_device(feedback.accepted[i], feedback.hidden.device)
             else:  # the walk's rows are root first, -1 padded: no upload
                 rows = dev[i, : len(feedback.accepted[i])]
             rows = rows + feedback.row_offsets[i]

@@ -1,0 +1,26 @@
+"""``to_device``: host lists reach the device with their values, and on CUDA without a stream sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lumotree.serving.upload import to_device
+
+
+def test_values_and_dtype_on_cpu() -> None:
+    t = to_device([3, -1, 7], "cpu")
+    assert t.dtype == torch.long and t.tolist() == [3, -1, 7]
+    assert to_device([1, 0], "cpu", torch.bool).tolist() == [True, False]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_copy_is_queued_not_synchronized() -> None:
+    x = torch.randn(4096, 4096, device="cuda")
+    y = x @ x  # keep the stream busy while the host uploads
+    torch.cuda.set_sync_debug_mode("error")  # a synchronizing copy raises here
+    try:
+        t = to_device(list(range(1000)), "cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert t.is_cuda and t.tolist() == list(range(1000)) and y.isfinite().all()
