@@ -31,6 +31,10 @@ that of the flat plan.
 (recomputed, not written), so the long route itself runs the plain, cheaper node loop: the side updates
 no longer lengthen the spine, which sets the launch's span. ``auto`` picks it for hydra27.
 
+``mode="split"`` is sidecar as two launches, the plain routes and the sidecars, which the scan runs on two
+CUDA streams at once: the plain kernel then needs no side registers (96 instead of 168 per thread with one
+tile), so more of its programs fit the GPU at a time.
+
 Everything here is host-side bookkeeping over small integer lists; results are cached per topology, and the
 device copies are cached per device so a fixed tree costs no host work after the first step.
 """
@@ -43,7 +47,7 @@ from functools import lru_cache
 
 import torch
 
-PLAN_MODES = ("levels", "flat", "side", "sidecar", "auto")
+PLAN_MODES = ("levels", "flat", "side", "sidecar", "split", "auto")
 SIDE_CAP = 2
 """Side leaves per route step (hydra27 has two runner-ups per depth; the scan kernel has two slots); more
 become routes of their own."""
@@ -121,6 +125,8 @@ class PathPlan:
     num_cut: int
     levels: tuple[LevelPlan, ...]
     paths: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    independent: bool = False
+    """The levels read only committed states (no cut buffer between them), so they may run concurrently."""
     _device_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -259,36 +265,42 @@ def _decompose_routes(
     return routes
 
 
-def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str) -> PathPlan:
-    """One launch over flat routes (longest first: they set the launch's span), side leaves for ``side``."""
-    routes = _decompose_routes(gp, 0 if mode == "flat" else SIDE_CAP, sidecar=mode == "sidecar")
-    routes.sort(key=lambda r: (-len(r[0]), r[0]))
+def _routes_level(routes: list[tuple[list[int], int, list[list[int]]]], seq: list[int]) -> LevelPlan:
+    """One launch over flat routes (longest first: they set the launch's span) with their side leaves."""
+    routes = sorted(routes, key=lambda r: (-len(r[0]), r[0]))
     width = max(len(r) for r, _, _ in routes)
     slots = max(len(x) for _, _, sd in routes for x in sd)
-    level = LevelPlan(
+    side = [
+        [x + [-1] * (slots - len(x)) for x in sd] + [[-1] * slots] * (width - len(sd)) for _, _, sd in routes
+    ]
+    return LevelPlan(
         nodes=_pad([r for r, _, _ in routes], width, -1),
         lens=torch.tensor([len(r) for r, _, _ in routes], dtype=torch.int32),
         start=torch.tensor([-seq[r[0]] - 1 for r, _, _ in routes], dtype=torch.int32),
         write=_pad([[0] * k + [1] * (len(r) - k) for r, k, _ in routes], width, 0),
         cut=torch.full((len(routes), width), -1, dtype=torch.int32),
-        side=None
-        if slots == 0
-        else torch.tensor(
-            [
-                [x + [-1] * (slots - len(x)) for x in sd] + [[-1] * slots] * (width - len(sd))
-                for _, _, sd in routes
-            ],
-            dtype=torch.int32,
-        ),
+        side=None if slots == 0 else torch.tensor(side, dtype=torch.int32),
         sided=None if slots == 0 else torch.tensor([int(any(sd)) for _, _, sd in routes], dtype=torch.int32),
         has_cut=False,
     )
+
+
+def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str) -> PathPlan:
+    """Flat routes from the committed state: one launch, or for ``split`` the plain routes and the sidecars
+    as two launches that depend on nothing but the committed state."""
+    routes = _decompose_routes(gp, 0 if mode == "flat" else SIDE_CAP, sidecar=mode in ("sidecar", "split"))
     written = sorted(
         [n for r, k, _ in routes for n in r[k:]] + [n for _, _, sd in routes for x in sd for n in x]
     )
     assert written == list(range(len(gp))), "every row must be written by exactly one path"
-    host = tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in routes)
-    return PathPlan(mode=mode, num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=(level,), paths=(host,))
+    groups = [routes]
+    if mode == "split":
+        groups = [g for g in ([r for r in routes if not any(r[2])], [r for r in routes if any(r[2])]) if g]
+    levels = tuple(_routes_level(g, seq) for g in groups)
+    host = tuple(tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in sorted(g, key=lambda r: (-len(r[0]), r[0])))
+                 for g in groups)  # fmt: skip
+    return PathPlan(mode=mode, num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=levels, paths=host,
+                    independent=mode == "split")  # fmt: skip
 
 
 def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
@@ -351,8 +363,8 @@ def plan_paths(
     cu_seqlens [S+1]: row ranges per sequence (None = one sequence).
     mode: "levels" (Algorithm 2, cut states between levels), "flat" (root-to-leaf paths, one launch),
         "side" (flat with leaves evaluated beside their parent's route), "sidecar" (those leaves on a
-        recomputed copy of the route's prefix) or "auto" (sidecar unless its recomputed prefixes more than
-        double the node updates, else levels).
+        recomputed copy of the route's prefix), "split" (sidecar as two concurrent launches) or "auto"
+        (sidecar unless its recomputed prefixes more than double the node updates, else levels).
     """
     if mode == "auto":
         car = plan_paths(parents, cu_seqlens, "sidecar")

@@ -22,6 +22,7 @@ Shapes (fla layout, rows packed over sequences):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_plan import PathPlan, plan_paths
+from .tree_plan import LevelPlan, PathPlan, plan_paths
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,7 @@ def _tree_scan_kernel(
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
+_streams: dict[tuple[str, int], torch.cuda.Stream] = {}
 _retired: list[torch.Tensor] = []
 
 
@@ -351,42 +353,71 @@ def tree_gdn(
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
     assert config.tiles in (1, 2), "tiles must be 1 or 2"
-    NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
-    for lv in levels:
+    main = side_stream = None
+    if plan.independent and len(levels) > 1 and q.is_cuda:  # fork: later levels on a second stream
+        main, side_stream = torch.cuda.current_stream(device), _side_stream(device)
+        side_stream.wait_stream(main)
+    for i, lv in enumerate(levels):
         assert lv.num_side <= 2, "the kernel has two side slots per step"
-        _tree_scan_kernel[(lv.num_paths * HV * NT,)](
-            q,
-            k,
-            v,
-            g,
-            beta,
-            o,
-            initial_state,
-            state_indices,
-            cut_buffer,
-            lv.nodes,
-            lv.lens,
-            lv.start,
-            lv.write,
-            lv.cut,
-            lv.nodes if lv.side is None else lv.side,
-            lv.lens if lv.sided is None else lv.sided,
-            scale,
-            lv.max_len,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BK=BK,
-            BV=BV,
-            TILES=config.tiles,
-            USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-            HAS_CUT=bool(lv.has_cut),
-            SIDE=lv.num_side,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
+        ctx = (
+            torch.cuda.stream(side_stream) if side_stream is not None and i > 0 else contextlib.nullcontext()
         )
+        with ctx:
+            _launch(lv, q, k, v, g, beta, o, initial_state, state_indices, cut_buffer, scale, H, HV, K, V, BK,
+                    BV, config, use_qk_l2norm_in_kernel)  # fmt: skip
+    if main is not None and side_stream is not None:  # join: the outputs are complete in stream order
+        main.wait_stream(side_stream)
     return o, None
+
+
+def _launch(
+    lv: LevelPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    o: torch.Tensor, initial_state: torch.Tensor, state_indices: torch.Tensor, cut_buffer: torch.Tensor,
+    scale: float, H: int, HV: int, K: int, V: int, BK: int, BV: int, config: TreeScanConfig,
+    use_qk_l2norm_in_kernel: bool,
+) -> None:  # fmt: skip
+    """One level's launch (on the current stream)."""
+    NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
+    _tree_scan_kernel[(lv.num_paths * HV * NT,)](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        o,
+        initial_state,
+        state_indices,
+        cut_buffer,
+        lv.nodes,
+        lv.lens,
+        lv.start,
+        lv.write,
+        lv.cut,
+        lv.nodes if lv.side is None else lv.side,
+        lv.lens if lv.sided is None else lv.sided,
+        scale,
+        lv.max_len,
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=BK,
+        BV=BV,
+        TILES=config.tiles,
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        HAS_CUT=bool(lv.has_cut),
+        SIDE=lv.num_side,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The second stream of ``split`` plans, one per device, kept (it is first made outside any capture)."""
+    key = (str(device), -1)
+    if key not in _streams:
+        _streams[key] = torch.cuda.Stream(device)
+    return _streams[key]
 
 
 def native_replay_(

@@ -173,7 +173,7 @@ def run_gdn_bench(
         publishers["rows"] = publish_rows
 
     # ---- verify variants -------------------------------------------------------------------------
-    plans = {m: topo.plan(m) for m in ("levels", "flat", "side", "sidecar")}
+    plans = {m: topo.plan(m) for m in ("levels", "flat", "side", "sidecar", "split")}
     outs = torch.empty(L, 1, R, hv, dv, device=device)
 
     def verify_fn(mode: str, cfg: Any) -> Any:

@@ -23,7 +23,7 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     acc = res["accuracy"]
     assert acc["state_bitwise_vs_per_layer_replay"] and acc["max_err_tree_vs_f64"] < 1e-5
     sweep = res["verify_sweep"]  # every plan x both configs, each checked against float64
-    assert len(sweep) == 8 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
-    want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar") for bv in (8, 16)}
+    assert len(sweep) == 10 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
+    want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
     assert {(r["plan"], r["block_v"]) for r in sweep} == want
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])

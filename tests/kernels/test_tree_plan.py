@@ -52,6 +52,11 @@ def test_side_mode_rides_hydra27_runner_ups_along_the_spine() -> None:
     assert car.path_lengths == (12, 8, 6, 5) and car.updates == 39
     assert car.levels[0].sided.tolist() == [0, 0, 0, 1] and car.levels[0].write[3].sum() == 0
     _check(HYDRA, [0, len(HYDRA)], "sidecar")
+    # split: the same routes as two independent launches, the plain ones without side slots
+    split = plan_paths(HYDRA, mode="split")
+    assert split.independent and split.path_counts == (3, 1) and split.updates == 39
+    assert split.levels[0].side is None and split.levels[1].num_side == 2
+    _check(HYDRA, [0, len(HYDRA)], "split")
 
 
 def test_side_slots_overflow_into_routes() -> None:
@@ -65,8 +70,8 @@ def test_only_levels_that_export_cut_states_say_so() -> None:
     """``has_cut`` compiles the cut export out of the scan: it must be exact, also across ``to``."""
     levels = plan_paths(HYDRA, mode="levels").levels
     assert [lv.has_cut for lv in levels] == [True, False]
-    for mode in ("flat", "side", "sidecar"):
-        assert [lv.has_cut for lv in plan_paths(HYDRA, mode=mode).levels] == [False]
+    for mode in ("flat", "side", "sidecar", "split"):
+        assert not any(lv.has_cut for lv in plan_paths(HYDRA, mode=mode).levels)
     for lv in levels:
         assert lv.has_cut == bool((lv.cut >= 0).any()) == lv.to("cpu").has_cut
 
@@ -82,7 +87,7 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
         nodes, lens, start = lv.nodes.tolist(), lv.lens.tolist(), lv.start.tolist()
         write, cut = lv.write.tolist(), lv.cut.tolist()
         side = lv.side.tolist() if lv.side is not None else [[[]] * lv.max_len] * lv.num_paths
-        assert mode in ("side", "sidecar") or lv.side is None
+        assert mode in ("side", "sidecar", "split") or lv.side is None
         for p in range(lv.num_paths):
             path = nodes[p][: lens[p]]
             assert all(x == -1 for x in nodes[p][lens[p] :])
@@ -103,7 +108,7 @@ def _check(parents: list[int], cu: list[int], mode: str) -> None:
     assert written == [1] * len(parents), "every row written exactly once"
 
 
-@pytest.mark.parametrize("mode", ["levels", "flat", "side", "sidecar"])
+@pytest.mark.parametrize("mode", ["levels", "flat", "side", "sidecar", "split"])
 @pytest.mark.parametrize("seed", range(20))
 def test_random_forests_are_sound(seed: int, mode: str) -> None:
     rng = random.Random(seed)

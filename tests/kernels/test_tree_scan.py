@@ -61,7 +61,7 @@ TREES = {
 
 
 CASES = [(name, "levels") for name in sorted(TREES)] + [
-    (n, m) for n in ("hydra27", "chain16", "star9") for m in ("flat", "side", "sidecar")
+    (n, m) for n in ("hydra27", "chain16", "star9") for m in ("flat", "side", "sidecar", "split")
 ]
 
 
@@ -108,7 +108,15 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
-    for tiles, mode in ((2, "levels"), (1, "flat"), (2, "auto"), (1, "side"), (2, "side"), (2, "sidecar")):
+    for tiles, mode in (
+        (2, "levels"),
+        (1, "flat"),
+        (2, "auto"),
+        (1, "side"),
+        (2, "side"),
+        (2, "sidecar"),
+        (1, "split"),
+    ):
         assert torch.equal(run(tiles, mode), base), (tiles, mode)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
