@@ -11,8 +11,8 @@ from lumotree.kernels.tree_plan import plan_paths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-HYDRA = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 1, 1, 12, 13, 2, 2, 16, 17, 3, 3, 20, 21, 4, 4, 24, 25, 29,
-         30]  # fmt: skip
+HYDRA = [-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 1, 1, 12, 13, 2, 2, 16, 17, 3, 3, 20, 21, 4, 4, 24, 25,
+         29, 30]  # fmt: skip
 
 
 def test_plans_agree_bitwise_and_split_survives_graph_capture() -> None:

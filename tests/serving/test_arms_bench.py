@@ -36,7 +36,7 @@ def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
     )
     assert set(rep["trees"]) == {f"{k}{n}" for k in ("chain", "bushy") for n in (8, 16, 32, 64)} | {"hydra27"}
     assert rep["trees"]["chain64"]["max_depth"] == 63 and rep["trees"]["bushy64"]["max_depth"] == 3
-    assert all(v["graph_error"] is None for v in rep["trees"].values())
+    assert all(v["graph_error"] is None and "failed_capture_retried" not in v for v in rep["trees"].values())
     assert rep["ratios"]["lumotree_over_ar"] > 0 and "LumoTree/AR" in res.output
     assert rep["ratios"]["lumotree_dv_over_mtp5_dv"] > 0 and rep["draft_vocab"] == 64
     assert rep["run"]["commit"] and rep["run"]["device"] == "cpu" and rep["run"]["seconds"] >= 0
