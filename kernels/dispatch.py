@@ -145,9 +145,8 @@ def gdn_tree(
     """Tree GDN over one sequence's tree: q, k [N, H, K]; v [N, HV, V]; g, beta [N, HV]; parents [N] (-1 = the
     committed state, parents before children); initial_state [HV, K, V] fp32 -> (o [N, HV, V], None).
 
-    CUDA: the path-parallel Triton scan ``kernels.tree_scan.tree_gdn`` when present; otherwise (and on CPU)
-    the
-    naive per-node loop."""
+    CUDA: the path-parallel Triton scan ``kernels.tree_scan.tree_gdn`` when present (launch knobs:
+    ``TreeScanConfig.from_env``); otherwise (and on CPU) the naive per-node loop."""
     if use_triton(q):
         kernel = _tree_kernel()
         if kernel is not None:

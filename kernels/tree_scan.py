@@ -23,14 +23,16 @@ Shapes (fla layout, rows packed over sequences):
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from .tree_plan import LevelPlan, PathPlan, plan_paths
+from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, plan_paths
 
 
 @dataclass(frozen=True)
@@ -57,8 +59,30 @@ class TreeScanConfig:
     loaded changes, never the arithmetic, so the outputs are bitwise the same; 2 holds one more set of
     operands (and, on sided paths, the side leaves' one step earlier) in registers."""
 
+    @classmethod
+    def from_env(cls, text: str | None = None) -> TreeScanConfig:
+        """The defaults, overridden by ``LUMOTREE_TREE_SCAN`` (or ``text``): comma-separated ``field=value``,
+        e.g. ``plan_mode=split,prefetch=2``, so a benchmark can serve a swept config without a code change."""
+        text = os.environ.get("LUMOTREE_TREE_SCAN", "") if text is None else text
+        kinds = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for item in filter(None, (x.strip() for x in text.split(","))):
+            key, sep, val = item.partition("=")
+            if not sep or key not in kinds:
+                raise ValueError(
+                    f"LUMOTREE_TREE_SCAN: {item!r} is not field=value with a field of {sorted(kinds)}"
+                )
+            try:
+                values[key] = val if kinds[key] in (str, "str") else int(val)
+            except ValueError:
+                raise ValueError(f"LUMOTREE_TREE_SCAN: {key} must be an integer, not {val!r}") from None
+        cfg = cls(**values)
+        if cfg.plan_mode not in PLAN_MODES:
+            raise ValueError(f"LUMOTREE_TREE_SCAN: plan_mode {cfg.plan_mode!r} is not one of {PLAN_MODES}")
+        return cfg
 
-DEFAULT_CONFIG = TreeScanConfig()
+
+DEFAULT_CONFIG = TreeScanConfig.from_env()
 
 
 @triton.jit

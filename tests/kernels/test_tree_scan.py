@@ -166,3 +166,14 @@ def test_dispatch_form_without_batch_dim() -> None:
     o_ref, _ = tree_gdn_ref(q[0], k[0], v[0], g[0], beta[0], parents, h0[0], 0.25)
     assert none is None and o.shape == (4, 2, 8)
     torch.testing.assert_close(o, o_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_config_from_env_overrides_the_defaults_and_rejects_bad_input() -> None:
+    ts = _scan_module()
+    cfg = ts.TreeScanConfig.from_env("plan_mode=split, prefetch=2")
+    assert (cfg.plan_mode, cfg.prefetch, cfg.tiles) == ("split", 2, ts.TreeScanConfig().tiles)
+    assert ts.TreeScanConfig.from_env("") == ts.TreeScanConfig()
+    for bad, msg in (("tiles", "field=value"), ("warps=2", "field=value"), ("tiles=two", "integer"),
+                     ("plan_mode=packed", "plan_mode")):  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            ts.TreeScanConfig.from_env(bad)
