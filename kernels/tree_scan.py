@@ -54,15 +54,11 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two independent update chains per warp hide each other's latency and share
     the q and k loads."""
-    prefetch: int = 1
-    """Steps ahead whose operands are in flight while a node updates (1 or 2). Only when operands are
-    loaded changes, never the arithmetic, so the outputs are bitwise the same; 2 holds one more set of
-    operands (and, on sided paths, the side leaves' one step earlier) in registers."""
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
         """The defaults, overridden by ``LUMOTREE_TREE_SCAN`` (or ``text``): comma-separated ``field=value``,
-        e.g. ``plan_mode=split,prefetch=2``, so a benchmark can serve a swept config without a code change."""
+        e.g. ``plan_mode=split,tiles=1``, so a benchmark can serve a swept config without a code change."""
         text = os.environ.get("LUMOTREE_TREE_SCAN", "") if text is None else text
         kinds = {f.name: f.type for f in fields(cls)}
         values: dict[str, Any] = {}
@@ -141,14 +137,14 @@ def _store_out(o, n, i_hv, o_v, b_o, b_o1, ok, HV: tl.constexpr, V: tl.constexpr
 def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k, o_v,
           mask_h, mask_h1, tile, n_len, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, TILES: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_CUT: tl.constexpr,
-          SIDE: tl.constexpr, PREFETCH: tl.constexpr):  # fmt: skip
+          SIDE: tl.constexpr):  # fmt: skip
     """Walk path ``i_p`` from the state tiles ``b_h``/``b_h1``, writing outputs and cut states."""
-    # None of a node's operands depends on the state, so their memory latency is taken off the sequential
-    # chain: the operands of step t + PREFETCH (and the rows of the step after) are loaded while step t
-    # computes, and so are the plan's per-step flags. Side leaves are computed unconditionally (an empty
-    # slot on row 0's operands, never stored) so that they share the step's basic block and fill its
-    # latency. With PREFETCH 1 their operands are loaded as the step begins (loading them earlier holds
-    # more q/k pairs in registers); with PREFETCH 2 one step ahead. The math per node is fla's.
+    # Operands of step t + 1 (and the rows of step t + 2) are loaded while step t computes, and so are the
+    # plan's per-step flags and the side rows of step t + 1: none depends on the state, so their memory
+    # latency leaves the sequential chain. Side leaves are computed unconditionally (an empty slot on row
+    # 0's operands, never stored) so that they share the step's basic block and fill its latency; their
+    # operands are loaded as the step begins, ahead of the node update (loading them a step earlier too
+    # would hold two more q/k pairs in registers). The math per node is fla's.
     base = nodes + i_p * L
     flags = i_p * L
     last = n_len - 1
@@ -159,63 +155,28 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
     n_cur = tl.load(base).to(tl.int64)
     n_nxt = tl.load(base + tl.minimum(1, last)).to(tl.int64)
     nb = _operands(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-    nb2 = nb
-    n_nn = n_nxt
-    if PREFETCH == 2:  # operands of step 1 in flight too, and the row of step 2
-        nb2 = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-        n_nn = tl.load(base + tl.minimum(2, last)).to(tl.int64)
-    # rows of side slots 0 and 1 of the current step (SIDE <= 2: tree_plan.SIDE_CAP), and with PREFETCH 2
-    # their operands and the next step's rows
+    # rows of side slots 0 and 1 of the current step (SIDE <= 2: tree_plan.SIDE_CAP)
     a_cur = -1
     b_cur = -1
-    a_nxt = -1
-    b_nxt = -1
     if SIDE >= 1:
         a_cur = tl.load(side + flags * SIDE).to(tl.int64)
     if SIDE >= 2:
         b_cur = tl.load(side + flags * SIDE + 1).to(tl.int64)
-    na = nb
-    nbb = nb
-    if PREFETCH == 2:
-        s1 = flags + tl.minimum(1, last)
-        if SIDE >= 1:
-            na = _operands(q, k, v, g, beta, a_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-            a_nxt = tl.load(side + s1 * SIDE).to(tl.int64)
-        if SIDE >= 2:
-            nbb = _operands(q, k, v, g, beta, b_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-            b_nxt = tl.load(side + s1 * SIDE + 1).to(tl.int64)
     for t in range(0, n_len):
         node = n_cur
         b_q, b_k, b_v, b_v1, b_g, b_beta = nb
         t1 = flags + tl.minimum(t + 1, last)
         a_row = a_cur
         b_row = b_cur
-        sa = na
-        sb = nbb
-        if PREFETCH == 2:
-            t2 = flags + tl.minimum(t + 2, last)
-            if SIDE >= 1:
-                na = _operands(q, k, v, g, beta, a_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-                a_cur = a_nxt
-                a_nxt = tl.load(side + t2 * SIDE).to(tl.int64)
-            if SIDE >= 2:
-                nbb = _operands(q, k, v, g, beta, b_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-                b_cur = b_nxt
-                b_nxt = tl.load(side + t2 * SIDE + 1).to(tl.int64)
-            n_after = tl.load(base + tl.minimum(t + 3, last)).to(tl.int64)
-            nb = nb2
-            nb2 = _operands(q, k, v, g, beta, n_nn, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-            n_cur, n_nxt, n_nn = n_nxt, n_nn, n_after
-        else:
-            if SIDE >= 1:
-                sa = _operands(q, k, v, g, beta, a_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-                a_cur = tl.load(side + t1 * SIDE).to(tl.int64)
-            if SIDE >= 2:
-                sb = _operands(q, k, v, g, beta, b_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-                b_cur = tl.load(side + t1 * SIDE + 1).to(tl.int64)
-            n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
-            nb = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
-            n_cur, n_nxt = n_nxt, n_after
+        if SIDE >= 1:
+            na = _operands(q, k, v, g, beta, a_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+            a_cur = tl.load(side + t1 * SIDE).to(tl.int64)
+        if SIDE >= 2:
+            nbb = _operands(q, k, v, g, beta, b_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+            b_cur = tl.load(side + t1 * SIDE + 1).to(tl.int64)
+        n_after = tl.load(base + tl.minimum(t + 2, last)).to(tl.int64)
+        nb = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
+        n_cur, n_nxt = n_nxt, n_after
         w, c = w_nxt, c_nxt
         w_nxt = tl.load(write + t1)
         if HAS_CUT:
@@ -227,12 +188,12 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
         # after all updates, since a store's branch would split the block the updates interleave in
         a_o, a_o1, s_o, s_o1 = b_o, b_o1, b_o, b_o1
         if SIDE >= 1:
-            sq, sk, sv, sv1, sg, sbeta = sa
+            sq, sk, sv, sv1, sg, sbeta = na
             _, _, a_o, a_o1 = _node(
                 b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
             )
         if SIDE >= 2:
-            sq, sk, sv, sv1, sg, sbeta = sb
+            sq, sk, sv, sv1, sg, sbeta = nbb
             _, _, s_o, s_o1 = _node(
                 b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
             )
@@ -279,7 +240,6 @@ def _tree_scan_kernel(
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
     HAS_CUT: tl.constexpr,
     SIDE: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
     pid = tl.program_id(0).to(tl.int64)
@@ -316,11 +276,11 @@ def _tree_scan_kernel(
     if sided_p != 0:
         _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
               o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
-              SIDE, PREFETCH)  # fmt: skip
+              SIDE)  # fmt: skip
     else:
         _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
               o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
-              0, PREFETCH)  # fmt: skip
+              0)  # fmt: skip
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -417,7 +377,6 @@ def tree_gdn(
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
     assert config.tiles in (1, 2), "tiles must be 1 or 2"
-    assert config.prefetch in (1, 2), "prefetch must be 1 or 2"
     main = side_stream = None
     if plan.independent and len(levels) > 1 and q.is_cuda:  # fork: later levels on a second stream
         main, side_stream = torch.cuda.current_stream(device), _side_stream(device)
@@ -472,7 +431,6 @@ def _launch(
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_CUT=bool(lv.has_cut),
         SIDE=lv.num_side,
-        PREFETCH=config.prefetch,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )

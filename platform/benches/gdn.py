@@ -83,7 +83,7 @@ def run_gdn_bench(
     accept_depth: int,
     warmup: int,
     iters: int,
-    configs: list[tuple[int, int, int, int]],
+    configs: list[tuple[int, int, int]],
     log: Any = print,
 ) -> dict[str, Any]:
     if device_name == "cpu":
@@ -187,12 +187,12 @@ def run_gdn_bench(
         return fn
 
     modes_graph = [False, True] if cuda else [False]
-    knobs = ("plan", "block_v", "num_warps", "tiles", "prefetch")
+    knobs = ("plan", "block_v", "num_warps", "tiles")
     sweep = []
     sweep_outs = []  # each config's outputs, checked against native decoding below
     for mode in plans:
-        for bv, nw, tiles, pf in configs:
-            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw, plan_mode=mode, tiles=tiles, prefetch=pf)
+        for bv, nw, tiles in configs:
+            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw, plan_mode=mode, tiles=tiles)
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
             for gm in modes_graph:
@@ -203,7 +203,7 @@ def run_gdn_bench(
             sweep_outs.append(outs.clone())
             sweep.append(row)
             t = row.get("graph", row["eager"])["median_ms"]
-            log(f"  verify {mode:8s} BV={bv:3d} warps={nw} tiles={tiles} prefetch={pf}: {t:.4f} ms")
+            log(f"  verify {mode:6s} BV={bv:3d} warps={nw} tiles={tiles}: {t:.4f} ms")
     key = "graph" if cuda else "eager"
     results["verify_sweep"] = sweep
     # The headline is what the model serves (the default config), not the sweep's fastest.
@@ -401,15 +401,15 @@ def _table(res: dict[str, Any], console: Any) -> None:
     console.print(res["accuracy"])
 
 
-def _parse_config(text: str) -> tuple[int, int, int, int]:
-    """``BV:warps[:tiles[:prefetch]]`` -> (BV, warps, tiles, prefetch); tiles and prefetch default 1."""
+def _parse_config(text: str) -> tuple[int, int, int]:
+    """``BV:warps[:tiles]`` -> (BV, warps, tiles); tiles default 1."""
     parts = [int(x) for x in text.split(":")]
-    if not 2 <= len(parts) <= 4 or parts[0] < 1 or parts[1] < 1:
-        raise ValueError(f"{text!r} is not BV:warps[:tiles[:prefetch]] with positive integers")
-    parts += [1, 1][: 4 - len(parts)]
-    if parts[2] not in (1, 2) or parts[3] not in (1, 2):
-        raise ValueError(f"{text!r}: tiles and prefetch must be 1 or 2")
-    return parts[0], parts[1], parts[2], parts[3]
+    if not 2 <= len(parts) <= 3 or parts[0] < 1 or parts[1] < 1:
+        raise ValueError(f"{text!r} is not BV:warps[:tiles] with positive integers")
+    parts += [1][: 3 - len(parts)]
+    if parts[2] not in (1, 2):
+        raise ValueError(f"{text!r}: tiles must be 1 or 2")
+    return parts[0], parts[1], parts[2]
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -426,9 +426,9 @@ def register(bench_app: typer.Typer) -> None:
         warmup: int = typer.Option(20, "--warmup"),
         iters: int = typer.Option(100, "--iters"),
         configs: str = typer.Option(
-            "8:1:1,8:1:2,8:1:1:2,8:1:2:2,16:1:1,16:1:2,32:2:1",
+            "8:1:1,8:1:2,16:1:1,16:1:2,32:2:1",
             "--configs",
-            help="Scan BV:warps[:tiles[:prefetch]] list, each run with every plan.",
+            help="Scan BV:warps[:tiles] list, each run with both plans.",
         ),
         as_json: bool = typer.Option(False, "--json", help="Print only the JSON result."),
         out: Path = typer.Option(None, "--out", help="Also write the JSON result to this file."),

@@ -33,11 +33,11 @@ def typed(**groups):
 
 sig = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0 cut", "fp32": "scale", "i32": "L",
                "*i32": "h0_idx nodes lens start write cutidx side sided"})
-for bv, tiles, side, cuts, pf in ((8, 2, 0, False, 1), (8, 2, 0, True, 2), (8, 2, 2, False, 1),
-                                 (8, 1, 1, False, 2), (8, 1, 2, False, 2), (16, 1, 0, True, 1)):
+for bv, tiles, side, cuts in ((8, 2, 0, False), (8, 2, 0, True), (8, 2, 2, False), (8, 1, 1, False),
+                             (16, 1, 0, True)):
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
-                                                 SIDE=side, PREFETCH=pf))
+                                                 SIDE=side))
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
 for replay in (False, True):
     build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))

@@ -97,38 +97,27 @@ def test_scan_matches_reference_and_float64(name: str, mode: str) -> None:
 
 @pytest.mark.parametrize("name", ["hydra27", "deep64", "wide64"])
 def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
-    """Two value tiles per program, a deeper operand prefetch and every plan change the schedule, never the
-    rounding: every variant equals the one-tile, level-by-level scan bit for bit (which equals native
-    chains, test above)."""
+    """Two value tiles per program and every plan change the schedule, never the rounding: every variant
+    equals the one-tile, level-by-level scan bit for bit (which equals native chains, test above)."""
     ts = _scan_module()
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-
-    def run(tiles: int, mode: str, prefetch: int = 1) -> torch.Tensor:
-        cfg = ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, prefetch=prefetch)
-        return ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg)[0]
-
+    cfg = lambda tiles, mode: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode)
+    run = lambda tiles, mode: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg(tiles, mode))[0]
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
-    for tiles, mode, prefetch in (
-        (2, "levels", 1),
-        (1, "flat", 1),
-        (2, "auto", 1),
-        (1, "side", 1),
-        (2, "side", 1),
-        (2, "sidecar", 1),
-        (1, "split", 1),
-        (1, "levels", 2),
-        (2, "flat", 2),
-        (1, "side", 2),
-        (2, "sidecar", 2),
-        (2, "split", 2),
+    for tiles, mode in (
+        (2, "levels"),
+        (1, "flat"),
+        (2, "auto"),
+        (1, "side"),
+        (2, "side"),
+        (2, "sidecar"),
+        (1, "split"),
     ):
-        assert torch.equal(run(tiles, mode, prefetch), base), (tiles, mode, prefetch)
-    with pytest.raises(AssertionError, match="prefetch"):
-        run(1, "flat", 3)
+        assert torch.equal(run(tiles, mode), base), (tiles, mode)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
 
@@ -170,8 +159,8 @@ def test_dispatch_form_without_batch_dim() -> None:
 
 def test_config_from_env_overrides_the_defaults_and_rejects_bad_input() -> None:
     ts = _scan_module()
-    cfg = ts.TreeScanConfig.from_env("plan_mode=split, prefetch=2")
-    assert (cfg.plan_mode, cfg.prefetch, cfg.tiles) == ("split", 2, ts.TreeScanConfig().tiles)
+    cfg = ts.TreeScanConfig.from_env("plan_mode=split, tiles=1")
+    assert (cfg.plan_mode, cfg.tiles, cfg.block_v) == ("split", 1, ts.TreeScanConfig().block_v)
     assert ts.TreeScanConfig.from_env("") == ts.TreeScanConfig()
     for bad, msg in (("tiles", "field=value"), ("warps=2", "field=value"), ("tiles=two", "integer"),
                      ("plan_mode=packed", "plan_mode")):  # fmt: skip
