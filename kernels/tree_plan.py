@@ -234,12 +234,14 @@ def _decompose_levels(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
     return levels
 
 
-def _decompose_routes(
-    parents: list[int], side_cap: int, sidecar: bool
-) -> list[tuple[list[int], int, list[list[int]]]]:
+Route = tuple[list[int], int, list[list[int]]]
+"""(rows, prefix length not written, side leaves per step)."""
+
+
+def _decompose_routes(parents: list[int], side_cap: int, sidecar: bool) -> list[Route]:
     """Flat routes from the committed state as (rows, prefix length not written, side leaves per step)."""
     kids, heavy = _heavy(parents)
-    routes: list[tuple[list[int], int, list[list[int]]]] = []
+    routes: list[Route] = []
     todo: list[tuple[list[int], int]] = [
         ([], i) for i, p in enumerate(parents) if p < 0
     ]  # (prefix, first row)
@@ -265,9 +267,16 @@ def _decompose_routes(
     return routes
 
 
-def _routes_level(routes: list[tuple[list[int], int, list[list[int]]]], seq: list[int]) -> LevelPlan:
-    """One launch over flat routes (longest first: they set the launch's span) with their side leaves."""
-    routes = sorted(routes, key=lambda r: (-len(r[0]), r[0]))
+def _launch_order(routes: list[Route]) -> list[Route]:
+    """Most node updates first (path steps plus side leaves): the GPU dispatches a launch's programs in
+    order, so the longest ones start at once and set the span (a sidecar of 5 steps and 8 leaves before the
+    12-step spine of hydra27: 0.96 against 1.01 ms per 48 layers on the H200)."""
+    return sorted(routes, key=lambda r: (-(len(r[0]) + sum(len(x) for x in r[2])), r[0]))
+
+
+def _routes_level(routes: list[Route], seq: list[int]) -> LevelPlan:
+    """One launch over flat routes (in ``_launch_order``) with their side leaves."""
+    routes = _launch_order(routes)
     width = max(len(r) for r, _, _ in routes)
     slots = max(len(x) for _, _, sd in routes for x in sd)
     side = [
@@ -297,8 +306,7 @@ def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str) -> Pat
     if mode == "split":
         groups = [g for g in ([r for r in routes if not any(r[2])], [r for r in routes if any(r[2])]) if g]
     levels = tuple(_routes_level(g, seq) for g in groups)
-    host = tuple(tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in sorted(g, key=lambda r: (-len(r[0]), r[0])))
-                 for g in groups)  # fmt: skip
+    host = tuple(tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in _launch_order(g)) for g in groups)
     return PathPlan(mode=mode, num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=levels, paths=host,
                     independent=mode == "split")  # fmt: skip
 

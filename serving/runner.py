@@ -76,6 +76,8 @@ class _TreeGraph:
     """[S, depth + 1] static input of the commit graph."""
     commit_graph: torch.cuda.CUDAGraph | None = None
     lens: torch.Tensor | None = None
+    staged: ForwardBatch | None = None
+    """The batch whose shape fields ``stage_tree`` already copied in (its tokens still to come)."""
 
 
 class ModelRunner:
@@ -246,7 +248,11 @@ class ModelRunner:
             hidden = self.model(batch, self.caches)
             assert self.model.tree_record is not None
             return hidden, self.model.compute_logits(hidden), self.model.tree_record
-        self._fill_tree(tg, batch)
+        if tg.staged is batch:  # staged while the drafter ran: only the tokens are new
+            tg.batch.input_ids.copy_(batch.input_ids, non_blocking=True)
+        else:
+            self._fill_tree(tg, batch)
+        tg.staged = None
         if tg.graph is not None:
             tg.graph.replay()
         else:
@@ -256,6 +262,18 @@ class ModelRunner:
         assert tg.hidden is not None and tg.logits is not None and tg.record is not None
         self._last_tree = tg
         return tg.hidden, tg.logits, tg.record
+
+    def stage_tree(self, batch: ForwardBatch) -> None:
+        """Copy a tree batch's shape fields (positions, slots, state rows, tables) into its topology's
+        static buffers ahead of ``tree_forward``, which then copies only the token ids. Called while the
+        drafter still runs, so that after the drafts reach the host nothing but the tokens stands between
+        them and the verify graph. The copies queue behind the drafter on the stream; the previous verify and
+        commit, the only readers of these buffers, finished with the previous step."""
+        key = tuple(tuple(p) for p in batch.parents_host or [])
+        tg = self.tree_graphs.get(key)
+        if tg is not None and tg.graph is not None:
+            self._fill_tree(tg, batch)
+            tg.staged = batch
 
     def disable_capture(self, error: str) -> None:
         """Stop capturing new graphs after a failed capture (``error``); captured ones keep replaying."""

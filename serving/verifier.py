@@ -79,7 +79,9 @@ def tree_forward_batch(
             caches, seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors]
         )
     batch = skeleton
-    batch.input_ids = torch.cat([d.token_ids.to(batch.input_ids.device) for d in descriptors])
+    dev = batch.input_ids.device
+    ids = [d.token_ids.to(dev) for d in descriptors]
+    batch.input_ids = ids[0] if len(ids) == 1 else torch.cat(ids)  # one tree: no copy kernel
     assert batch.positions.shape[0] == batch.input_ids.shape[0]
     return batch
 
@@ -103,10 +105,10 @@ class Verifier:
     ) -> None:
         """Build the batch of trees whose shapes are known before their tokens (a fixed tree), while the
         drafter still runs on the device; the next ``verify`` of exactly these shapes uses it."""
-        self._ahead = (
-            _shape_key(seq_ids, prefix_lens, parents),
-            tree_skeleton(self.caches, seq_ids, prefix_lens, parents),
-        )
+        skeleton = tree_skeleton(self.caches, seq_ids, prefix_lens, parents)
+        self._ahead = (_shape_key(seq_ids, prefix_lens, parents), skeleton)
+        if self.runner is not None:
+            self.runner.stage_tree(skeleton)
 
     def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
         ahead, self._ahead = self._ahead, None

@@ -48,9 +48,10 @@ def test_side_mode_rides_hydra27_runner_ups_along_the_spine() -> None:
     assert all(x == [-1, -1] for x in spine_sides[:1] + spine_sides[5:])
     _check(HYDRA, [0, len(HYDRA)], "side")
     # sidecar: the spine runs plain; a recomputed copy of its first five nodes carries the eight leaves
+    # (launched first: 5 steps + 8 leaves are the most updates, ahead of the spine's 12 steps)
     car = plan_paths(HYDRA, mode="sidecar")
-    assert car.path_lengths == (12, 8, 6, 5) and car.updates == 39
-    assert car.levels[0].sided.tolist() == [0, 0, 0, 1] and car.levels[0].write[3].sum() == 0
+    assert car.path_lengths == (5, 12, 8, 6) and car.updates == 39
+    assert car.levels[0].sided.tolist() == [1, 0, 0, 0] and car.levels[0].write[0].sum() == 0
     _check(HYDRA, [0, len(HYDRA)], "sidecar")
     # split: the same routes as two independent launches, the plain ones without side slots
     split = plan_paths(HYDRA, mode="split")

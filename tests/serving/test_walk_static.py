@@ -243,3 +243,22 @@ def test_ar_engine_samples_through_static_walk(tiny_checkpoints) -> None:
     walks = [k for k in eng.runner.fn_graphs.entries if k[0] == "walk"]
     assert walks and all(k[1].max_depth == 0 for k in walks)
     assert 4 in {len(k[1].sizes) for k in walks}, "the batched decode steps walked through an entry"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_argmax_ties_take_the_lowest_id(device: str) -> None:
+    """The greedy tie rule on a verify-sized block (32 rows of a large vocabulary) with many exact ties,
+    against an independent host rule: the smallest index holding the row maximum."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from lumotree.serving.sampling.transforms import argmax_lowest
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.round(torch.randn(32, 248_320, generator=g) * 2) / 2  # coarse grid: thousands of ties per row
+    x[5] = 0.0
+    x[6, 100:] = float("-inf")
+    x[6, :100] = float("-inf")
+    top = x.max(-1, keepdim=True).values
+    want = [int(torch.nonzero(row == m)[0]) for row, m in zip(x, top, strict=True)]
+    assert argmax_lowest(x.to(device)).tolist() == want
+    assert want[5] == 0 and want[6] == 0
