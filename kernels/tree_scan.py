@@ -50,10 +50,10 @@ class TreeScanConfig:
     plan_mode: str = "auto"
     """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks the
     one-launch sidecar plan unless its recomputed prefixes more than double the node updates)."""
-    tiles: int = 2
+    tiles: int = 1
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
-    rounding does not change; two independent update chains per warp hide each other's latency and share
-    the q and k loads."""
+    rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
+    faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
@@ -162,10 +162,11 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
         a_cur = tl.load(side + flags * SIDE)
     if SIDE >= 2:
         b_cur = tl.load(side + flags * SIDE + 1)
-    # The plain walk is unrolled by two: its operand rotation then needs no register moves and ptxas can
-    # overlap one node's output reduction with the next node's update (about a tenth fewer instructions
-    # per node). A sided walk holds three updates per step already; unrolled it would not fit the registers.
-    for t in tl.range(0, n_len, loop_unroll_factor=2 if SIDE == 0 else 1):
+    # The plain one-tile walk is unrolled by two: its operand rotation then needs no register moves and
+    # ptxas can overlap one node's output reduction with the next node's update (253 instead of 291 sm_90
+    # instructions per node). A sided or two-tile walk unrolled needs more registers than it saves (on the
+    # H200 a two-tile sidecar scan went from 1.03 to 1.15 ms).
+    for t in tl.range(0, n_len, loop_unroll_factor=2 if SIDE == 0 and TILES == 1 else 1):
         node = n_cur
         b_q, b_k, b_v, b_v1, b_g, b_beta = nb
         t1 = flags + tl.minimum(t + 1, last)

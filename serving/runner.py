@@ -248,8 +248,9 @@ class ModelRunner:
             hidden = self.model(batch, self.caches)
             assert self.model.tree_record is not None
             return hidden, self.model.compute_logits(hidden), self.model.tree_record
-        if tg.staged is batch:  # staged while the drafter ran: only the tokens are new
-            tg.batch.input_ids.copy_(batch.input_ids, non_blocking=True)
+        if tg.staged is batch:  # staged while the drafter ran: only the tokens are new (unless the drafter
+            if batch.input_ids.data_ptr() != tg.batch.input_ids.data_ptr():  # uploaded them in place)
+                tg.batch.input_ids.copy_(batch.input_ids, non_blocking=True)
         else:
             self._fill_tree(tg, batch)
         tg.staged = None
@@ -274,6 +275,11 @@ class ModelRunner:
         if tg is not None and tg.graph is not None:
             self._fill_tree(tg, batch)
             tg.staged = batch
+
+    def staged_input(self, batch: ForwardBatch) -> torch.Tensor | None:
+        """The static token buffer of the graph that ``stage_tree`` prepared for ``batch``, if any."""
+        tg = self.tree_graphs.get(tuple(tuple(p) for p in batch.parents_host or []))
+        return tg.batch.input_ids if tg is not None and tg.staged is batch else None
 
     def disable_capture(self, error: str) -> None:
         """Stop capturing new graphs after a failed capture (``error``); captured ones keep replaying."""

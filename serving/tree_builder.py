@@ -19,7 +19,7 @@ import torch
 
 from .drafters.suffix import SuffixDrafter
 from .tree import TreeDescriptor, TreeTopology, chain
-from .upload import to_device
+from .upload import Staging, to_device
 
 PAD_TOKEN = 0
 """Token id of inactive rows (they run through the model but are never sampled)."""
@@ -83,9 +83,12 @@ def build_fixed(
     suffix: SuffixDrafter | None,
     prefix_len: int,
     device: torch.device | str = "cpu",
+    out: torch.Tensor | None = None,
+    staging: Staging | None = None,
 ) -> TreeDescriptor:
     """Fill a fixed tree shape (hydra27: MTP spine + two runner-ups per depth 1-5, suffix spine tail at
-    depths 6-11, suffix rescue chains under root runner-ups 1 and 2)."""
+    depths 6-11, suffix rescue chains under root runner-ups 1 and 2). With ``out`` and ``staging`` the token
+    ids go straight into ``out`` (the verify graph's own input buffer, see ``Verifier.staged_input``)."""
     mtp = _host_tokens(mtp_tokens)
     depth, width = len(mtp), len(mtp[0]) if mtp else 0
     n = topology.num_rows
@@ -117,7 +120,11 @@ def build_fixed(
     act = list(active)
     for r in range(1, n):
         act[r] = act[r] and act[topology.parents[r]]
-    ids = to_device([PAD_TOKEN if t is None else t for t in toks], device)
+    values = [PAD_TOKEN if t is None else t for t in toks]
+    if out is not None and staging is not None:
+        ids = staging.upload(values, out)
+    else:
+        ids = to_device(values, device)
     return TreeDescriptor(topology, ids, prefix_len, tuple(act))
 
 

@@ -110,6 +110,13 @@ class Verifier:
         if self.runner is not None:
             self.runner.stage_tree(skeleton)
 
+    def staged_input(self) -> torch.Tensor | None:
+        """[R] the token buffer the prepared batch's verify graph reads, when ``prepare`` could stage one:
+        a drafter that writes its tokens there saves the step a copy."""
+        if self._ahead is None or self.runner is None:
+            return None
+        return self.runner.staged_input(self._ahead[1])  # type: ignore[no-any-return]
+
     def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
         ahead, self._ahead = self._ahead, None
         key = _shape_key(seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors])

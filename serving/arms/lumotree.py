@@ -22,6 +22,7 @@ from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDr
 from lumotree.serving.request import Request
 from lumotree.serving.tree import TreeDescriptor, hydra27
 from lumotree.serving.tree_builder import AdaptiveConfig, build_adaptive, build_fixed
+from lumotree.serving.upload import Staging
 
 TREES = ("hydra27", "adaptive")
 
@@ -42,6 +43,7 @@ class LumoTreeArm(ChainedArm):
         self.suffix: dict[str, SuffixDrafter] = {}
         self.verifier: Any = None
         """The engine's verifier, to build a fixed tree's batch while its drafts are computed."""
+        self.staging = Staging()
 
     def max_tree_rows(self) -> int:
         return hydra27().num_rows if self.tree == "hydra27" else self.adaptive.budget
@@ -66,17 +68,23 @@ class LumoTreeArm(ChainedArm):
 
     def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         d = self.drafts(requests)
+        staged = None
         if self.tree == "hydra27" and self.verifier is not None:  # host work while the drafter runs
             shape = hydra27().parents
             self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
                                   [shape] * len(requests))  # fmt: skip
+            staged = self.verifier.staged_input()
         tokens = d.tokens.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
         probs = d.probs.tolist() if self.tree == "adaptive" else [None] * len(requests)
         out = []
-        for r, tk, pr in zip(requests, tokens, probs, strict=True):
+        n = hydra27().num_rows
+        for i, (r, tk, pr) in enumerate(zip(requests, tokens, probs, strict=True)):
             sfx = self.suffix[r.req_id]
             if self.tree == "hydra27":
-                out.append(build_fixed(hydra27(), r.pending_token, tk, sfx, r.context_len, self.device))
+                # ids straight into the verify graph's input: one copy after the drafts reach the host
+                dst = None if staged is None else staged[i * n : (i + 1) * n]
+                out.append(build_fixed(hydra27(), r.pending_token, tk, sfx, r.context_len, self.device,
+                                       dst, self.staging))  # fmt: skip
             else:
                 out.append(
                     build_adaptive(r.pending_token, tk, pr, sfx, r.context_len, self.adaptive, self.device)

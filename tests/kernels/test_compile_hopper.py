@@ -33,8 +33,8 @@ def typed(**groups):
 
 sig = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0 cut", "fp32": "scale", "i32": "L",
                "*i32": "h0_idx nodes lens start write cutidx side sided"})
-for bv, tiles, side, cuts in ((8, 2, 0, False), (8, 2, 0, True), (8, 2, 2, False), (8, 1, 1, False),
-                             (16, 1, 0, True)):
+for bv, tiles, side, cuts in ((8, 1, 0, False), (8, 1, 2, False), (8, 2, 0, True), (8, 2, 2, False),
+                             (8, 1, 1, False), (16, 1, 0, True)):
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
                                                  SIDE=side))

@@ -159,8 +159,9 @@ def test_dispatch_form_without_batch_dim() -> None:
 
 def test_config_from_env_overrides_the_defaults_and_rejects_bad_input() -> None:
     ts = _scan_module()
-    cfg = ts.TreeScanConfig.from_env("plan_mode=split, tiles=1")
-    assert (cfg.plan_mode, cfg.tiles, cfg.block_v) == ("split", 1, ts.TreeScanConfig().block_v)
+    cfg = ts.TreeScanConfig.from_env("plan_mode=split, tiles=2")
+    assert ts.TreeScanConfig().tiles != 2
+    assert (cfg.plan_mode, cfg.tiles, cfg.block_v) == ("split", 2, ts.TreeScanConfig().block_v)
     assert ts.TreeScanConfig.from_env("") == ts.TreeScanConfig()
     for bad, msg in (("tiles", "field=value"), ("warps=2", "field=value"), ("tiles=two", "integer"),
                      ("plan_mode=packed", "plan_mode")):  # fmt: skip
