@@ -126,12 +126,19 @@ class SuffixIndex:
     def occurrences(self, query: Sequence[int]) -> tuple[int, list[int]]:
         """(L*, ends): the longest matched suffix length and the end positions of its occurrences that have
         a next token; (0, []) when no suffix of ``min_match`` tokens or more matches."""
-        cfg, n_tok = self.config, len(self.tokens)
+        cfg, t, n_tok = self.config, self.tokens, len(self.tokens)
         query = list(query)
+        full = min(cfg.max_match, len(query))
+        window = query[len(query) - full :]
         for n in sorted(self._grams, reverse=True):
             if len(query) < n:
                 continue
             ends = self._grams[n].get(hash(tuple(query[-n:])), [])[-cfg.max_candidates :]
+            # Repetitive text puts hundreds of occurrences in agreement over the whole window: find those
+            # with one slice comparison each (no occurrence can match longer), before the general scan.
+            best_ends = [e for e in ends if full <= e + 1 < n_tok and t[e + 1 - full : e + 1] == window]
+            if best_ends:
+                return full, best_ends
             scored = [(self._match_len(e, query), e) for e in ends if e + 1 < n_tok]
             scored = [(m, e) for m, e in scored if m >= n]
             if scored:
@@ -148,14 +155,23 @@ class SuffixIndex:
         toks: list[int] = []
         probs: list[float] = []
         for j in range(1, max_len + 1):
-            live = [e for e in cand if e + j < n_tok and t[e + j] != SEPARATOR]
-            if not live:
-                break
-            nxt = [t[e + j] for e in live]
-            votes = Counter(nxt)
-            count = max(votes.values())
-            # candidates stay in position order, so the last one with a winning token is the most recent
-            tok = next(x for x in reversed(nxt) if votes[x] == count)
+            # candidates are in position order: when the last one has a next token, all do, and one pass
+            # reads them (a separator among them, rare, sends the step through the filter)
+            nxt = [t[e + j] for e in cand] if cand[-1] + j < n_tok else [SEPARATOR]
+            if SEPARATOR in nxt:
+                live = [e for e in cand if e + j < n_tok and t[e + j] != SEPARATOR]
+                if not live:
+                    break
+                nxt = [t[e + j] for e in live]
+            else:
+                live = cand
+            if nxt.count(nxt[0]) == len(nxt):  # unanimous (the common case on repetitive text)
+                tok, count = nxt[0], len(nxt)
+            else:
+                votes = Counter(nxt)
+                count = max(votes.values())
+                # candidates stay in position order, so the last one with a winning token is the most recent
+                tok = next(x for x in reversed(nxt) if votes[x] == count)
             p = count / len(live)
             if p < self.config.min_prob:
                 break
