@@ -128,6 +128,21 @@ def build_fixed(
     return TreeDescriptor(topology, ids, prefix_len, tuple(act))
 
 
+def look_ahead_fixed(
+    topology: TreeTopology, root: int, depth: int, width: int, suffix: SuffixDrafter
+) -> None:
+    """Before the drafts reach the host, guess the MTP spine as the suffix's own continuation of the root and
+    run the spine tail's lookup under that guess now, so that ``build_fixed`` finds it done when the drafted
+    spine agrees. It agrees on repetitive text, where lookups scan the most occurrences; otherwise the guess
+    cost host time the GPU's drafting hid anyway."""
+    for anchor, want in _fixed_plan(topology, depth, width)[1]:
+        route = topology.routes[anchor]
+        if want and len(route) == depth and not any(route):  # the spine's deepest MTP node
+            guess = suffix.propose(extra=[int(root)], max_len=depth)
+            if guess is not None and len(guess.tokens) == depth:
+                suffix.look_ahead([int(root), *guess.tokens], len(want))
+
+
 def build_chain(
     root: int, drafts: torch.Tensor | Sequence[int], prefix_len: int, device: torch.device | str = "cpu"
 ) -> TreeDescriptor:

@@ -21,7 +21,7 @@ from lumotree.serving.drafters.mtp import mtp_drafter
 from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter
 from lumotree.serving.request import Request
 from lumotree.serving.tree import TreeDescriptor, hydra27
-from lumotree.serving.tree_builder import AdaptiveConfig, build_adaptive, build_fixed
+from lumotree.serving.tree_builder import AdaptiveConfig, build_adaptive, build_fixed, look_ahead_fixed
 from lumotree.serving.upload import Staging
 
 TREES = ("hydra27", "adaptive")
@@ -69,11 +69,16 @@ class LumoTreeArm(ChainedArm):
     def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         d = self.drafts(requests)
         staged = None
-        if self.tree == "hydra27" and self.verifier is not None:  # host work while the drafter runs
+        if (
+            self.tree == "hydra27" and self.verifier is not None
+        ):  # host work while the drafter runs (below too)
             shape = hydra27().parents
             self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
                                   [shape] * len(requests))  # fmt: skip
             staged = self.verifier.staged_input()
+        if self.tree == "hydra27":
+            for r in requests:
+                look_ahead_fixed(hydra27(), r.pending_token, self.depth, self.topk, self.suffix[r.req_id])
         tokens = d.tokens.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
         probs = d.probs.tolist() if self.tree == "adaptive" else [None] * len(requests)
         out = []

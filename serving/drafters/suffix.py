@@ -195,11 +195,14 @@ class SuffixCache:
         self._requests: list[tuple[int, ...]] = []
         self._cached: set[tuple[int, ...]] = set()
         self.index = SuffixIndex(self.config)
+        self.version = 0
+        """Bumped whenever the corpus changes (lookups computed before then are stale)."""
 
     def add(self, tokens: Sequence[int]) -> None:
         toks = tuple(int(x) for x in tokens)[-self.config.cache_tokens :]
         if toks in self._cached:
             return
+        self.version += 1
         self._requests.append(toks)
         self._cached.add(toks)
         if len(self.index) + len(toks) + 1 > self.config.cache_tokens:
@@ -237,6 +240,12 @@ class SuffixDrafter:
         self.config = config or (cache.config if cache is not None else SuffixConfig())
         self.index = SuffixIndex(self.config, list(prompt))
         self.cache = cache
+        self._ahead: dict[tuple[tuple[int, ...], int], SuffixChain | None] = {}
+        self._ahead_stamp: tuple[int, int] = self._stamp()
+
+    def _stamp(self) -> tuple[int, int]:
+        """What a proposal depends on besides its query: both corpora (the request's is append-only)."""
+        return len(self.index), -1 if self.cache is None else self.cache.version
 
     @property
     def tokens(self) -> list[int]:
@@ -249,7 +258,24 @@ class SuffixDrafter:
     def propose(self, extra: Sequence[int] = (), max_len: int = 8) -> SuffixChain | None:
         """Continue the request's text followed by ``extra`` (uncommitted tokens: the tree root, a spine
         prefix, a runner-up); the best-scoring chain of the request and the cache, or None."""
-        tail = self.index.tokens[-self.config.max_match :] + [int(x) for x in extra]
+        key = (tuple(int(x) for x in extra), max_len)
+        ahead = self._fresh_ahead()
+        return ahead[key] if key in ahead else self._propose(*key)
+
+    def look_ahead(self, extra: Sequence[int], max_len: int) -> None:
+        """Compute ``propose(extra, max_len)`` now, while the host would wait on the GPU anyway: a later
+        identical call returns it as long as neither corpus has changed since."""
+        key = (tuple(int(x) for x in extra), max_len)
+        self._fresh_ahead()[key] = self._propose(*key)
+
+    def _fresh_ahead(self) -> dict[tuple[tuple[int, ...], int], SuffixChain | None]:
+        stamp = self._stamp()
+        if stamp != self._ahead_stamp:
+            self._ahead, self._ahead_stamp = {}, stamp
+        return self._ahead
+
+    def _propose(self, extra: tuple[int, ...], max_len: int) -> SuffixChain | None:
+        tail = self.index.tokens[-self.config.max_match :] + list(extra)
         query = tail[-self.config.max_match :]
         best = self.index.propose(query, max_len, "request")
         if self.cache is not None and len(self.cache):

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
 import torch
 
-from lumotree.serving.drafters.suffix import SuffixConfig, SuffixDrafter
+from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter, SuffixIndex
 from lumotree.serving.tree import TreeTopology, hydra27
-from lumotree.serving.tree_builder import PAD_TOKEN, AdaptiveConfig, build_adaptive, build_chain, build_fixed
+from lumotree.serving.tree_builder import (
+    PAD_TOKEN,
+    AdaptiveConfig,
+    build_adaptive,
+    build_chain,
+    build_fixed,
+    look_ahead_fixed,
+)
 
 MTP = [[100 + d, 200 + d, 300 + d] for d in range(5)]  # depth d+1: top-1, top-2, top-3
 
@@ -32,6 +42,42 @@ def test_hydra27_fill_from_mtp_and_suffix() -> None:
     assert tok[(2, 0)] == PAD_TOKEN
     assert sum(d.active_mask) == 28 - 2
     assert d.positions[0] == 30 and max(d.positions) == 41
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_look_ahead_never_changes_a_tree(seed: int) -> None:
+    """Trees built after ``look_ahead_fixed`` equal trees built from scratch, whether the guessed spine is
+    right or not, and a look-ahead made before the text or the cache changed is never reused."""
+    rng = random.Random(seed)
+    cyc = [rng.randrange(1, 9) for _ in range(rng.randint(1, 4))]
+    cfg = SuffixConfig(min_match=2, max_match=12, long_gram=4)
+    cache = SuffixCache(cfg)
+    cache.add(cyc * 20)
+
+    def drafter() -> SuffixDrafter:
+        return SuffixDrafter([rng.randrange(1, 9) for _ in range(5)] + cyc * 30, cache=cache)
+
+    fast, slow = drafter(), drafter()
+    slow.index = SuffixIndex(cfg, list(fast.tokens))
+    for step in range(30):
+        root = fast.tokens[-len(cyc)]
+        look_ahead_fixed(hydra27(), root, 5, 3, fast)
+        hit = rng.random() < 0.6  # otherwise a spine the guess did not foresee
+        guess = fast.propose([root], 5) if hit else None
+        spine = list(guess.tokens) if guess else [rng.randrange(1, 9) for _ in range(5)]
+        mtp = [
+            [spine[d] if d < len(spine) else 1, rng.randrange(1, 9), rng.randrange(1, 9)] for d in range(5)
+        ]
+        if step % 7 == 3:
+            cache.add(
+                [rng.randrange(1, 9) for _ in range(40)]
+            )  # the cache changes between look-ahead and build
+        got = build_fixed(hydra27(), root, mtp, fast, prefix_len=len(fast.tokens))
+        want = build_fixed(hydra27(), root, mtp, slow, prefix_len=len(slow.tokens))
+        assert got.token_ids.tolist() == want.token_ids.tolist() and got.active_mask == want.active_mask
+        acc = [root, *spine[: rng.randint(0, 3)]]
+        fast.extend(acc)
+        slow.extend(acc)
 
 
 def test_hydra27_without_suffix_keeps_only_mtp_rows() -> None:
