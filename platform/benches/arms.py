@@ -131,13 +131,16 @@ def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, promp
     for _ in range(warmup):
         eng.step()
     before = dict(eng.counters.span_seconds)
-    n0 = eng.counters.decode_steps
+    n0, g0 = eng.counters.decode_steps, eng.counters.generation_tokens
     ms = [sync.time(eng.step)[0] for _ in range(steps)]
     eng.timer.collect(eng.counters)
     n = eng.counters.decode_steps - n0
     spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
     fn = eng.runner.fn_graphs
-    res = {"step": _ms(ms), "spans_mean_ms": spans, "verify_rows": eng.arm.max_tree_rows(),
+    # tokens per step say how much of the tree the random model's text accepts (host work follows it)
+    tps = (eng.counters.generation_tokens - g0) / n
+    res = {"step": _ms(ms), "spans_mean_ms": spans, "tokens_per_step": tps,
+           "verify_rows": eng.arm.max_tree_rows(),
            "cuda_graph_decode": bool(eng.runner.graphs),
            "cuda_graph_verify": sum(t.graph is not None for t in eng.runner.tree_graphs.values()),
            "cuda_graph_commit": sum(t.commit_graph is not None for t in eng.runner.tree_graphs.values()),
@@ -308,14 +311,14 @@ def print_table(report: dict[str, Any]) -> None:
 
     con = Console()
     t = Table(title=f"arms, {report['shapes']} shapes, {report['dtype']}, batch 1 ({report['device']})")
-    for c in ("arm", "rows", "step ms", "drafting", "target fwd", "sampling", "commit"):
+    for c in ("arm", "rows", "tok/step", "step ms", "drafting", "target fwd", "sampling", "commit"):
         t.add_column(c, justify="right")
     for name, a in report["arms"].items():
         if "error" in a:
             t.add_row(name, "-", a["error"][:60])
             continue
         s = a["spans_mean_ms"]
-        t.add_row(name, str(a["verify_rows"]), f"{a['step']['median_ms']:.3f}",
+        t.add_row(name, str(a["verify_rows"]), f"{a['tokens_per_step']:.2f}", f"{a['step']['median_ms']:.3f}",
                   *(f"{s[k]:.3f}" for k in ("drafting", "target_forward", "sampling", "commit")))  # fmt: skip
     con.print(t)
     for name, a in report["arms"].items():

@@ -30,6 +30,8 @@ def test_bench_arms_tiny_cpu(tmp_path: Path) -> None:
     for a in rep["arms"].values():
         assert a["step"]["median_ms"] > 0 and set(a["spans_mean_ms"]) >= {"drafting", "target_forward"}
         assert a["graph_error"] is None and "failed_capture_retried" not in a
+        assert 1 <= a["tokens_per_step"] <= a["verify_rows"]  # a step commits the root at least
+    assert rep["arms"]["ar"]["tokens_per_step"] == 1
     assert (
         rep["arms"]["lumotree"]["spans_mean_ms"]["commit"] > 0
         and rep["arms"]["ar"]["spans_mean_ms"]["commit"] == 0
