@@ -45,3 +45,34 @@ class Staging:
         host = self._host[:n]
         host.copy_(torch.tensor(values, dtype=out.dtype))
         return out.copy_(host, non_blocking=True)
+
+
+class Readback:
+    """A device tensor read into a reused pinned host buffer: the copy is queued at ``start`` and waited
+    for at ``tolist``, so work queued on the stream in between (a fixed tree's staging copies) does not
+    delay the read, and the host waits on one event instead of on the whole stream."""
+
+    def __init__(self) -> None:
+        self._host: torch.Tensor | None = None
+        self._event: torch.cuda.Event | None = None
+        self._view: torch.Tensor | None = None
+        """What ``tolist`` reads: the pinned copy (CUDA) or the tensor itself."""
+
+    def start(self, x: torch.Tensor) -> None:
+        if x.device.type != "cuda":
+            self._view = x
+            return
+        n = x.numel()
+        if self._host is None or self._host.numel() < n or self._host.dtype != x.dtype:
+            self._host = torch.empty(max(n, 64), dtype=x.dtype, pin_memory=True)
+        self._event = self._event or torch.cuda.Event()
+        self._view = self._host[:n].view(x.shape)
+        self._view.copy_(x, non_blocking=True)
+        self._event.record()
+
+    def tolist(self) -> list:
+        """The values of the tensor given to ``start``, as nested lists."""
+        assert self._view is not None, "start() first"
+        if self._view.device.type == "cpu" and self._event is not None:
+            self._event.synchronize()
+        return self._view.tolist()  # type: ignore[no-any-return]

@@ -22,7 +22,7 @@ from lumotree.serving.drafters.suffix import SuffixCache, SuffixConfig, SuffixDr
 from lumotree.serving.request import Request
 from lumotree.serving.tree import TreeDescriptor, hydra27
 from lumotree.serving.tree_builder import AdaptiveConfig, build_adaptive, build_fixed, look_ahead_fixed
-from lumotree.serving.upload import Staging
+from lumotree.serving.upload import Readback, Staging
 
 TREES = ("hydra27", "adaptive")
 
@@ -44,6 +44,7 @@ class LumoTreeArm(ChainedArm):
         self.verifier: Any = None
         """The engine's verifier, to build a fixed tree's batch while its drafts are computed."""
         self.staging = Staging()
+        self.readback = Readback()
 
     def max_tree_rows(self) -> int:
         return hydra27().num_rows if self.tree == "hydra27" else self.adaptive.budget
@@ -68,6 +69,7 @@ class LumoTreeArm(ChainedArm):
 
     def propose(self, requests: Sequence[Request]) -> list[TreeDescriptor]:
         d = self.drafts(requests)
+        self.readback.start(d.tokens)  # queued ahead of the staging copies below: they do not delay it
         staged = None
         if (
             self.tree == "hydra27" and self.verifier is not None
@@ -79,7 +81,7 @@ class LumoTreeArm(ChainedArm):
         if self.tree == "hydra27":
             for r in requests:
                 look_ahead_fixed(hydra27(), r.pending_token, self.depth, self.topk, self.suffix[r.req_id])
-        tokens = d.tokens.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
+        tokens = self.readback.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
         probs = d.probs.tolist() if self.tree == "adaptive" else [None] * len(requests)
         out = []
         n = hydra27().num_rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumotree.serving.upload import to_device
+from lumotree.serving.upload import Readback, to_device
 
 
 def test_values_and_dtype_on_cpu() -> None:
@@ -24,3 +24,21 @@ def test_cuda_copy_is_queued_not_synchronized() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert t.is_cuda and t.tolist() == list(range(1000)) and y.isfinite().all()
+
+
+def test_readback_on_cpu() -> None:
+    rb = Readback()
+    rb.start(torch.arange(6).view(2, 3))
+    assert rb.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_readback_waits_for_its_copy_only() -> None:
+    rb = Readback()
+    for i in range(3):  # the pinned buffer is reused
+        src = torch.arange(30, device="cuda").view(5, 3, 2) * (i + 1)
+        rb.start(src)
+        x = torch.randn(4096, 4096, device="cuda")
+        y = x @ x  # queued after the copy
+        assert rb.tolist() == (src.cpu()).tolist()
+        assert y.isfinite().all()
