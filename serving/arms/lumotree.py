@@ -71,14 +71,12 @@ class LumoTreeArm(ChainedArm):
         d = self.drafts(requests)
         self.readback.start(d.tokens)  # queued ahead of the staging copies below: they do not delay it
         staged = None
-        if (
-            self.tree == "hydra27" and self.verifier is not None
-        ):  # host work while the drafter runs (below too)
-            shape = hydra27().parents
-            self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
-                                  [shape] * len(requests))  # fmt: skip
-            staged = self.verifier.staged_input()
-        if self.tree == "hydra27":
+        if self.tree == "hydra27":  # host work while the drafter runs
+            if self.verifier is not None:
+                shape = hydra27().parents
+                self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
+                                      [shape] * len(requests))  # fmt: skip
+                staged = self.verifier.staged_input()
             for r in requests:
                 look_ahead_fixed(hydra27(), r.pending_token, self.depth, self.topk, self.suffix[r.req_id])
         tokens = self.readback.tolist()  # the drafting step's one host read (the fixed tree needs no probs)
