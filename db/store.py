@@ -265,7 +265,12 @@ class Store:
     ) -> int | None:
         """The next attempt to claim: pending ones first (fresh work), then expired leases, then retryable
         errors; within a class by (attempt index, id) so every cell gets its first attempt early. One indexed
-        lookup per class: a sort over a 10,000-attempt sweep per claim would make planning quadratic."""
+        lookup per class: a sort over a 10,000-attempt sweep per claim would make planning quadratic.
+
+        The row is locked for the claiming transaction and rows other claimers hold are skipped (PostgreSQL's
+        FOR UPDATE SKIP LOCKED; SQLite's write transactions are serial already): otherwise every claimer
+        picks the same first row, all but one lose the compare-and-set, and on a loaded machine one of them
+        could lose 20 rounds in a row."""
         classes = [
             m.Attempt.status == PENDING,
             and_(m.Attempt.status == RUNNING, m.Attempt.lease_until < now),
@@ -277,7 +282,8 @@ class Store:
                 query = query.where(m.Attempt.arm_id.in_(list(arm_ids)))
             if attempt_id is not None:
                 query = query.where(m.Attempt.id == attempt_id)
-            found = s.scalar(query.order_by(m.Attempt.attempt_index, m.Attempt.id).limit(1))
+            query = query.order_by(m.Attempt.attempt_index, m.Attempt.id).limit(1)
+            found = s.scalar(query.with_for_update(skip_locked=True))
             if found is not None:
                 return found
         return None

@@ -56,6 +56,16 @@ def test_concurrent_claims_never_share_an_attempt(store: Store) -> None:
     sweep, _, _ = _sweep(store, arms=3, tasks=4, attempts=2)
     got: dict[str, list[int]] = {}
     errors: list[BaseException] = []
+    # Count the candidate lookups: a claimer that loses the compare-and-set looks again. Concurrent
+    # claimers must not collide on one row (CI once saw a claimer lose 20 rounds in a row on PostgreSQL).
+    lookups = []
+    find = store._candidate
+
+    def counted(*args: object) -> int | None:
+        lookups.append(1)
+        return find(*args)  # type: ignore[arg-type]
+
+    store._candidate = counted  # type: ignore[method-assign]
 
     def worker(name: str) -> None:
         try:
@@ -75,6 +85,7 @@ def test_concurrent_claims_never_share_an_attempt(store: Store) -> None:
     ids = [i for ids in got.values() for i in ids]
     assert len(ids) == 24 and len(set(ids)) == 24
     assert store.progress(sweep)["done"] == 24
+    assert len(lookups) == 24 + len(threads), "claimers raced for the same attempt"
 
 
 def test_expired_lease_is_reclaimed_and_stale_owner_is_fenced(store: Store) -> None:
