@@ -11,7 +11,8 @@ hydra27 bucket. Operands are what the model records: q, k l2-normalised fp32, v,
 - native_path: fla decode steps over the tree depth by depth, every node's full state stored, publish = copy
   of the accepted node's state;
 - fla_paths: fla over every root-to-leaf path (prefixes recomputed) + the same replay publish;
-- floor: bytes (read the state to verify, read + write it to publish) over the measured copy bandwidth.
+- floor: bytes (read the state to verify, read + write it to publish) over the measured copy bandwidth;
+- chain sweep: the served scan over chains of 1 to 16 nodes, whose slope is the scan's per-node latency.
 Accuracy: per (layer, head, active node) cell, E = max |o - o_float64|; the tree scan is compared with fla's
 native decoding of the node's root path by the paired rule E_tree <= 1.10 E_native + 2^-24 M64 + 2^-149.
 """
@@ -72,6 +73,36 @@ def _time(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool
     return _stats(out)
 
 
+def tree_topology(tree: str) -> Any:
+    """A built-in tree by name, or ``chainN`` (N drafts)."""
+    from lumotree.serving.tree import chain, load_builtin
+
+    return chain(int(tree[5:])) if tree.startswith("chain") else load_builtin(tree)
+
+
+SWEPT_PLANS = ("levels", "flat", "side", "sidecar", "split")
+"""Plan modes the verify sweep times by default (the served one is always among them)."""
+
+
+def _chain_sweep(
+    verify_rows: Any, rows: int, cfg: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool
+) -> dict[str, Any]:
+    """The served scan over chains of 1 .. 16 nodes, all layers: a path's nodes are sequential, so the
+    least-squares slope (time per chain node per layer) is the scan's per-node latency, and a tree's
+    verify cannot beat its deepest path times that slope plus the intercept (launch and state load)."""
+    lengths = [n for n in (1, 2, 4, 8, 12, 16) if n <= rows]
+    ms = [_time(verify_rows(n, cfg), torch, device, warmup, iters, graph)["median_ms"] for n in lengths]
+    out: dict[str, Any] = {"lengths": lengths, "verify_ms": ms, "mode": "graph" if graph else "eager"}
+    if len(lengths) > 1:
+        mx, my = statistics.fmean(lengths), statistics.fmean(ms)
+        slope = sum((x - mx) * (y - my) for x, y in zip(lengths, ms, strict=True)) / sum(
+            (x - mx) ** 2 for x in lengths
+        )
+        out["per_node_ms"] = slope
+        out["intercept_ms"] = my - slope * mx
+    return out
+
+
 def run_gdn_bench(
     device_name: str,
     layers: int,
@@ -85,20 +116,21 @@ def run_gdn_bench(
     iters: int,
     configs: list[tuple[int, int, int]],
     log: Any = print,
+    plan_modes: tuple[str, ...] = SWEPT_PLANS,
 ) -> dict[str, Any]:
     if device_name == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
 
     from lumotree.kernels import dispatch, gdn_decode, tree_scan
+    from lumotree.kernels.tree_plan import plan_paths
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
-    from lumotree.serving.tree import chain, load_builtin
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
-    topo = load_builtin(tree) if not tree.startswith("chain") else chain(int(tree[5:]))
+    topo = tree_topology(tree)
     R, parents = topo.num_rows, list(topo.parents)
     active = [r for r in range(R) if topo.default_active[r]]
     spine = topo.spine
@@ -173,7 +205,7 @@ def run_gdn_bench(
         publishers["rows"] = publish_rows
 
     # ---- verify variants -------------------------------------------------------------------------
-    plans = {m: topo.plan(m) for m in ("levels", "flat", "side", "sidecar", "split")}
+    plans = {m: topo.plan(m) for m in plan_modes}
     outs = torch.empty(L, 1, R, hv, dv, device=device)
 
     def verify_fn(mode: str, cfg: Any) -> Any:
@@ -183,6 +215,17 @@ def run_gdn_bench(
             for li in range(L):
                 tree_scan.tree_gdn(q[li], k[li], v[li], g[li], beta[li], None, pool[li], scale, plan,
                                    config=cfg, out=outs[li])  # fmt: skip
+
+        return fn
+
+    def verify_rows(n: int, cfg: Any) -> Any:
+        """The scan over a chain of the first ``n`` rows' operands, every layer (the served plan mode)."""
+        plan = plan_paths([-1, *range(n - 1)], mode=cfg.plan_mode)
+
+        def fn() -> None:
+            for li in range(L):
+                tree_scan.tree_gdn(q[li][:, :n], k[li][:, :n], v[li][:, :n], g[li][:, :n], beta[li][:, :n],
+                                   None, pool[li], scale, plan, config=cfg, out=outs[li][:, :n])  # fmt: skip
 
         return fn
 
@@ -249,6 +292,9 @@ def run_gdn_bench(
     }
     lumo["named_buffers_mib"]["total"] = sum(lumo["named_buffers_mib"].values())
     results["lumotree"] = lumo
+    results["chain_sweep"] = _chain_sweep(
+        lambda rows, cfg: verify_rows(rows, cfg), R, dc, torch, device, warmup, iters, modes_graph[-1]
+    )
 
     # ---- accuracy against float64 ----------------------------------------------------------------
     pool.copy_(pool0)
@@ -398,6 +444,13 @@ def _table(res: dict[str, Any], console: Any) -> None:
         if name == "floor":
             tab.add_row("byte floor", "-", "", "", f"{b['ms']:.4f}", f"{b['copy_bandwidth_GBps']:.0f} GB/s")
     console.print(tab)
+    chains = res.get("chain_sweep", {})
+    if "per_node_ms" in chains:
+        layers = res["shapes"]["layers"]
+        console.print(
+            f"served scan over chains {chains['lengths']}: {chains['per_node_ms'] / layers * 1e3:.3f} us per "
+            f"node and layer + {chains['intercept_ms'] / layers * 1e3:.3f} us per layer ({chains['mode']})"
+        )
     console.print(res["accuracy"])
 
 
@@ -430,6 +483,9 @@ def register(bench_app: typer.Typer) -> None:
             "--configs",
             help="Scan BV:warps[:tiles] list, each run with both plans.",
         ),
+        plans: str = typer.Option(
+            ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print only the JSON result."),
         out: Path = typer.Option(None, "--out", help="Also write the JSON result to this file."),
     ) -> None:
@@ -447,10 +503,16 @@ def register(bench_app: typer.Typer) -> None:
         served = (dc.block_v, dc.num_warps, dc.tiles)
         if served not in cfgs:  # the headline is the served config, so it is always timed
             cfgs.append(served)
+        modes = [m.strip() for m in plans.split(",") if m.strip()]
+        if unknown := sorted(set(modes) - set(SWEPT_PLANS)):
+            raise typer.BadParameter(f"--plans: {unknown} not among {SWEPT_PLANS}")
+        served_plan = tree_topology(name).plan(dc.plan_mode).mode
+        if served_plan not in modes:
+            modes.append(served_plan)
         started = time.time()
         try:
             res = run_gdn_bench(device, layers, hv, hk, dk, dv, name, accept_depth, warmup, iters, cfgs,
-                                log=console.print)  # fmt: skip
+                                log=console.print, plan_modes=tuple(modes))  # fmt: skip
         except (RuntimeError, ValueError, AssertionError) as e:
             Console(stderr=True).print(f"[red]gdn bench failed: {e}[/]")  # even under --json
             raise typer.Exit(1) from e

@@ -27,3 +27,13 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
     assert {(r["plan"], r["block_v"]) for r in sweep} == want
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])
+    chains = res["chain_sweep"]  # the served scan over chains of 1, 2 and 4 of the tree's rows
+    assert chains["lengths"] == [1, 2, 4] and len(chains["verify_ms"]) == 3
+    assert chains["per_node_ms"] > 0 and "intercept_ms" in chains
+
+
+def test_gdn_bench_plans_option() -> None:
+    cli = [sys.executable, "-c", "from lumotree.platform.cli import main; main()"]
+    cmd = cli + ["bench", "gdn", "--device", "cpu", "--plans", "flat,bogus"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "bogus" in proc.stderr
