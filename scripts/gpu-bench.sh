@@ -3,7 +3,7 @@
 # project's checkout as the working directory: engine CUDA-graph checks, the 27B-shape decode, GDN and arm
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
-# Nsight Compute into ncu_scan.log.
+# Nsight Compute into ncu_scan.log; step probe times a node of the scan taken apart (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
 # and a failing step is recorded and skipped so one broken piece never costs the others).
 set -uo pipefail
@@ -20,7 +20,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn ncu_scan arms arms_gather profile profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn ncu_scan probe arms arms_gather profile profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -48,6 +48,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
       -k regex:_tree_scan_kernel -c 2 "${lt[@]}" bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar \
       --configs 8:1:1 --json --out "$out/gdn_ncu.json" ;;
+    probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
     arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
