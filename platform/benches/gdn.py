@@ -292,9 +292,7 @@ def run_gdn_bench(
     }
     lumo["named_buffers_mib"]["total"] = sum(lumo["named_buffers_mib"].values())
     results["lumotree"] = lumo
-    results["chain_sweep"] = _chain_sweep(
-        lambda rows, cfg: verify_rows(rows, cfg), R, dc, torch, device, warmup, iters, modes_graph[-1]
-    )
+    results["chain_sweep"] = _chain_sweep(verify_rows, R, dc, torch, device, warmup, iters, modes_graph[-1])
 
     # ---- accuracy against float64 ----------------------------------------------------------------
     pool.copy_(pool0)
