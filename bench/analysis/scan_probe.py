@@ -170,17 +170,14 @@ def main(
         per: dict[int, float] = {}
         for n in lengths:
             nodes = torch.arange(n, device=dev, dtype=torch.int32)
-            if name == "served_scan":
-                plan = plan_paths([-1, *range(n - 1)], mode=tree_scan.DEFAULT_CONFIG.plan_mode)
+            plan = plan_paths([-1, *range(n - 1)], mode=tree_scan.DEFAULT_CONFIG.plan_mode)
 
-                def fn(n: int = n, plan: Any = plan) -> None:
-                    for li in range(layers):
-                        ops = (x[li, :n] for x in (q, k, v, g, beta))
-                        tree_scan.tree_gdn(*ops, None, h0[li], scale, plan, out=o[li, :n])
-            else:
-
-                def fn(name: str = name, nodes: torch.Tensor = nodes) -> None:
-                    for li in range(layers):
+            def fn(name: str = name, n: int = n, nodes: torch.Tensor = nodes, plan: Any = plan) -> None:
+                for li in range(layers):
+                    if name == "served_scan":
+                        tree_scan.tree_gdn(q[li, :n], k[li, :n], v[li, :n], g[li, :n], beta[li, :n], None,
+                                           h0[li], scale, plan, out=o[li, :n])  # fmt: skip
+                    else:
                         launch(name, q[li], k[li], v[li], g[li], beta[li], o[li], h0[li], nodes, scale)
 
             per[n] = _graph_us(fn, layers)
