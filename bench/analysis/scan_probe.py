@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Any
 
 import torch
@@ -123,8 +124,13 @@ def launch(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                              num_warps=1, **switches)  # fmt: skip
 
 
-def _graph_us(fn: Any, reps: int, iters: int = 30) -> float:
-    """Median µs per call of ``fn`` (which makes ``reps`` calls) replayed as one CUDA graph."""
+def _graph_us(fn: Any, reps: int, device: torch.device, iters: int = 30) -> float:
+    """Median µs per call of ``fn`` (which makes ``reps`` calls) replayed as one CUDA graph (on CPU, for a
+    smoke run, the wall time of one call of ``fn``)."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6 / reps
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -148,12 +154,13 @@ def _graph_us(fn: Any, reps: int, iters: int = 30) -> float:
 
 
 def main(
-    layers: int = 48, hv: int = 48, hk: int = 16, d: int = 128, lengths: tuple[int, ...] = (1, 12)
-) -> dict[str, Any]:
+    layers: int = 48, hv: int = 48, hk: int = 16, d: int = 128, lengths: tuple[int, ...] = (1, 12),
+    device: str = "cuda",
+) -> dict[str, Any]:  # fmt: skip
     from lumotree.kernels import tree_scan
     from lumotree.kernels.tree_plan import plan_paths
 
-    dev = torch.device("cuda")
+    dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
     R = max(lengths)
     l2 = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
@@ -165,7 +172,8 @@ def main(
     h0 = 0.1 * torch.randn(layers, hv, d, d, device=dev, generator=gen)
     o = torch.empty_like(v)
     scale = d**-0.5
-    out: dict[str, Any] = {"gpu": torch.cuda.get_device_name(dev), "layers": layers, "lengths": list(lengths)}
+    gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    out: dict[str, Any] = {"gpu": gpu, "layers": layers, "lengths": list(lengths)}
     for name in (*VARIANTS, "served_scan"):
         per: dict[int, float] = {}
         for n in lengths:
@@ -180,7 +188,7 @@ def main(
                     else:
                         launch(name, q[li], k[li], v[li], g[li], beta[li], o[li], h0[li], nodes, scale)
 
-            per[n] = _graph_us(fn, layers)
+            per[n] = _graph_us(fn, layers, dev)
         lo, hi = min(lengths), max(lengths)
         out[name] = {"us_per_launch": per, "us_per_node": (per[hi] - per[lo]) / (hi - lo)}
         print(f"{name:12s} " + " ".join(f"T={n}: {t:7.2f} us" for n, t in per.items())
