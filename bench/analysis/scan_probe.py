@@ -11,7 +11,9 @@ time:
 - ``prefetch``: a node's operands loaded one node ahead (as the scan does), against loaded where used;
 - ``qk2d``: q and k loaded as [K, 1] columns, against 1-D rows broadcast in the tile (the scan's form,
   which moves them through shared memory);
-- ``store``/``out``: the node's output stored / computed at all.
+- ``store``/``out``: the node's output stored / computed at all;
+- ``touch``: every node's operands loaded once at program start (all in flight together, results kept
+  only by an impossible store), so the walk's own loads find them in cache.
 
 Per variant: µs per launch at T = 1 and T = 12 (CUDA-graph medians of 48 launches) and the difference per
 node. The served scan over the same chains is timed beside them. Not a product kernel: the test
@@ -34,13 +36,15 @@ import triton.language as tl
 
 from lumotree.kernels.tree_scan import _step
 
+_BASE = dict(INDIRECT=0, PREFETCH=1, QK2D=0, STORE=1, OUT=1, TOUCH=0)
 VARIANTS: dict[str, dict[str, int]] = {
-    "scan_like": dict(INDIRECT=1, PREFETCH=1, QK2D=0, STORE=1, OUT=1),
-    "direct_rows": dict(INDIRECT=0, PREFETCH=1, QK2D=0, STORE=1, OUT=1),
-    "no_prefetch": dict(INDIRECT=0, PREFETCH=0, QK2D=0, STORE=1, OUT=1),
-    "qk_columns": dict(INDIRECT=0, PREFETCH=1, QK2D=1, STORE=1, OUT=1),
-    "no_store": dict(INDIRECT=0, PREFETCH=1, QK2D=0, STORE=0, OUT=1),
-    "no_output": dict(INDIRECT=0, PREFETCH=1, QK2D=0, STORE=0, OUT=0),
+    "scan_like": {**_BASE, "INDIRECT": 1},
+    "touch": {**_BASE, "INDIRECT": 1, "TOUCH": 1},
+    "direct_rows": _BASE,
+    "no_prefetch": {**_BASE, "PREFETCH": 0},
+    "qk_columns": {**_BASE, "QK2D": 1},
+    "no_store": {**_BASE, "STORE": 0},
+    "no_output": {**_BASE, "STORE": 0, "OUT": 0},
 }
 """Probe name -> switches (see the module docstring)."""
 
@@ -68,8 +72,8 @@ def _load(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, H: tl.constexpr, HV: tl.cons
 @triton.jit
 def probe_chain_kernel(q, k, v, g, beta, o, h0, nodes, scale, T, H: tl.constexpr, HV: tl.constexpr,
                        K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, INDIRECT: tl.constexpr,
-                       PREFETCH: tl.constexpr, QK2D: tl.constexpr, STORE: tl.constexpr,
-                       OUT: tl.constexpr):  # fmt: skip
+                       PREFETCH: tl.constexpr, QK2D: tl.constexpr, STORE: tl.constexpr, OUT: tl.constexpr,
+                       TOUCH: tl.constexpr, MAX_T: tl.constexpr = 16):  # fmt: skip
     """Chain rows ``nodes[0..T-1]`` (or 0..T-1) from state h0 [HV, K, V], which receives the final state."""
     pid = tl.program_id(0)
     NT: tl.constexpr = V // BV
@@ -79,6 +83,16 @@ def probe_chain_kernel(q, k, v, g, beta, o, h0, nodes, scale, T, H: tl.constexpr
     o_v = i_t * BV + tl.arange(0, BV)
     p_h = h0 + i_hv * K * V + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h)
+    if TOUCH:  # unrolled, so that every load is issued before any result is waited for
+        acc_q = tl.zeros([K], dtype=tl.float32)
+        acc_v = tl.zeros([BV], dtype=tl.float32)
+        for t in tl.static_range(MAX_T):
+            n_t = _row(nodes, tl.minimum(t, T - 1), INDIRECT)
+            tq, tk, tv, tg, tb = _load(q, k, v, g, beta, n_t, i_h, i_hv, o_k, o_v, H, HV, K, V, 0)
+            acc_q += tq + tk
+            acc_v += tv + tg + tb
+        if tl.sum(acc_q) + tl.sum(acc_v) == -1.2345e30:  # never true: keeps the loads
+            tl.store(o + o_v, acc_v)
     n_cur = _row(nodes, tl.minimum(0, T - 1), INDIRECT)
     n_nxt = _row(nodes, tl.minimum(1, T - 1), INDIRECT)
     nb = _load(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, QK2D)

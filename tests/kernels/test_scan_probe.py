@@ -26,11 +26,12 @@ def probe():
     return mod
 
 
-@pytest.mark.parametrize("variant", ["scan_like", "direct_rows", "no_prefetch", "qk_columns", "no_store",
-                                     "no_output"])  # fmt: skip
+NAMES = ["scan_like", "touch", "direct_rows", "no_prefetch", "qk_columns", "no_store", "no_output"]
+
+
+@pytest.mark.parametrize("variant", NAMES)
 def test_probe_variant_computes_the_chain(probe, variant: str) -> None:
-    assert set(probe.VARIANTS) == {"scan_like", "direct_rows", "no_prefetch", "qk_columns", "no_store",
-                                   "no_output"}  # fmt: skip
+    assert set(probe.VARIANTS) == set(NAMES)
     gen = torch.Generator().manual_seed(1)
     R, T, H, HV, D = 7, 5, 1, 2, 16
     l2 = lambda x: x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)  # noqa: E731
