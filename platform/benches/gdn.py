@@ -73,13 +73,6 @@ def _time(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool
     return _stats(out)
 
 
-def tree_topology(tree: str) -> Any:
-    """A built-in tree by name, or ``chainN`` (N drafts)."""
-    from lumotree.serving.tree import chain, load_builtin
-
-    return chain(int(tree[5:])) if tree.startswith("chain") else load_builtin(tree)
-
-
 SWEPT_PLANS = ("levels", "flat", "side", "sidecar", "split")
 """Plan modes the verify sweep times by default (the served one is always among them)."""
 
@@ -94,12 +87,7 @@ def _chain_sweep(
     ms = [_time(verify_rows(n, cfg), torch, device, warmup, iters, graph)["median_ms"] for n in lengths]
     out: dict[str, Any] = {"lengths": lengths, "verify_ms": ms, "mode": "graph" if graph else "eager"}
     if len(lengths) > 1:
-        mx, my = statistics.fmean(lengths), statistics.fmean(ms)
-        slope = sum((x - mx) * (y - my) for x, y in zip(lengths, ms, strict=True)) / sum(
-            (x - mx) ** 2 for x in lengths
-        )
-        out["per_node_ms"] = slope
-        out["intercept_ms"] = my - slope * mx
+        out["per_node_ms"], out["intercept_ms"] = statistics.linear_regression(lengths, ms)
     return out
 
 
@@ -127,10 +115,11 @@ def run_gdn_bench(
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
+    from lumotree.serving.tree import chain, load_builtin
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
-    topo = tree_topology(tree)
+    topo = load_builtin(tree) if not tree.startswith("chain") else chain(int(tree[5:]))
     R, parents = topo.num_rows, list(topo.parents)
     active = [r for r in range(R) if topo.default_active[r]]
     spine = topo.spine
@@ -205,7 +194,10 @@ def run_gdn_bench(
         publishers["rows"] = publish_rows
 
     # ---- verify variants -------------------------------------------------------------------------
-    plans = {m: topo.plan(m) for m in plan_modes}
+    dc = tree_scan.DEFAULT_CONFIG
+    served_plan = topo.plan(dc.plan_mode).mode  # "auto" resolves to the mode it picks for this tree
+    # the headline is the served config, so its plan mode is always swept
+    plans = {m: topo.plan(m) for m in dict.fromkeys((*plan_modes, served_plan))}
     outs = torch.empty(L, 1, R, hv, dv, device=device)
 
     def verify_fn(mode: str, cfg: Any) -> Any:
@@ -250,8 +242,6 @@ def run_gdn_bench(
     key = "graph" if cuda else "eager"
     results["verify_sweep"] = sweep
     # The headline is what the model serves (the default config), not the sweep's fastest.
-    dc = tree_scan.DEFAULT_CONFIG
-    served_plan = topo.plan(dc.plan_mode).mode  # "auto" resolves to the mode it picks for this tree
     served = tuple(served_plan if k_ == "plan" else getattr(dc, k_) for k_ in knobs)
     best = next((r for r in sweep if tuple(r[k_] for k_ in knobs) == served), None)
     if best is None:
@@ -479,7 +469,7 @@ def register(bench_app: typer.Typer) -> None:
         configs: str = typer.Option(
             "8:1:1,8:1:2,16:1:1,16:1:2,32:2:1",
             "--configs",
-            help="Scan BV:warps[:tiles] list, each run with both plans.",
+            help="Scan BV:warps[:tiles] list, each run with every swept plan mode.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
@@ -504,9 +494,6 @@ def register(bench_app: typer.Typer) -> None:
         modes = [m.strip() for m in plans.split(",") if m.strip()]
         if unknown := sorted(set(modes) - set(SWEPT_PLANS)):
             raise typer.BadParameter(f"--plans: {unknown} not among {SWEPT_PLANS}")
-        served_plan = tree_topology(name).plan(dc.plan_mode).mode
-        if served_plan not in modes:
-            modes.append(served_plan)
         started = time.time()
         try:
             res = run_gdn_bench(device, layers, hv, hk, dk, dv, name, accept_depth, warmup, iters, cfgs,
