@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from typing import Any
 
 import torch
@@ -138,41 +136,13 @@ def launch(variant: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                              num_warps=1, **switches)  # fmt: skip
 
 
-def _graph_us(fn: Any, reps: int, device: torch.device, iters: int = 30) -> float:
-    """Median µs per call of ``fn`` (which makes ``reps`` calls) replayed as one CUDA graph (on CPU, for a
-    smoke run, the wall time of one call of ``fn``)."""
-    if device.type != "cuda":
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6 / reps
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(5):
-        graph.replay()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    return statistics.median(times)
-
-
 def main(
     layers: int = 48, hv: int = 48, hk: int = 16, d: int = 128, lengths: tuple[int, ...] = (1, 12),
-    device: str = "cuda",
+    device: str = "cuda", warmup: int = 5, iters: int = 30,
 ) -> dict[str, Any]:  # fmt: skip
     from lumotree.kernels import tree_scan
     from lumotree.kernels.tree_plan import plan_paths
+    from lumotree.platform.benches.gdn import time_call
 
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -202,7 +172,8 @@ def main(
                     else:
                         launch(name, q[li], k[li], v[li], g[li], beta[li], o[li], h0[li], nodes, scale)
 
-            per[n] = _graph_us(fn, layers, dev)
+            # CUDA-graph replays of the 48 launches (wall time on CPU), per launch
+            per[n] = time_call(fn, torch, dev, warmup, iters, graph=True)["median_ms"] * 1e3 / layers
         lo, hi = min(lengths), max(lengths)
         out[name] = {"us_per_launch": per, "us_per_node": (per[hi] - per[lo]) / (hi - lo)}
         print(f"{name:12s} " + " ".join(f"T={n}: {t:7.2f} us" for n, t in per.items())

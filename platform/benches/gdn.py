@@ -36,7 +36,7 @@ def _stats(ms: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(s), "p10_ms": pick(0.1), "p90_ms": pick(0.9), "n": len(s)}
 
 
-def _time(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool) -> dict[str, float]:
+def time_call(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool) -> dict[str, float]:
     """Per-call wall time (CUDA events around each call, or a graph replay of one call)."""
     run = fn
     if device.type == "cuda":
@@ -84,7 +84,7 @@ def _chain_sweep(
     least-squares slope (time per chain node per layer) is the scan's per-node latency, and a tree's
     verify cannot beat its deepest path times that slope plus the intercept (launch and state load)."""
     lengths = [n for n in (1, 2, 4, 8, 12, 16) if n <= rows]
-    ms = [_time(verify_rows(n, cfg), torch, device, warmup, iters, graph)["median_ms"] for n in lengths]
+    ms = [time_call(verify_rows(n, cfg), torch, device, warmup, iters, graph)["median_ms"] for n in lengths]
     out: dict[str, Any] = {"lengths": lengths, "verify_ms": ms, "mode": "graph" if graph else "eager"}
     if len(lengths) > 1:
         out["per_node_ms"], out["intercept_ms"] = statistics.linear_regression(lengths, ms)
@@ -231,7 +231,7 @@ def run_gdn_bench(
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
             for gm in modes_graph:
-                row["graph" if gm else "eager"] = _time(
+                row["graph" if gm else "eager"] = time_call(
                     verify_fn(mode, cfg), torch, device, warmup, iters, gm
                 )
             verify_fn(mode, cfg)()
@@ -250,7 +250,7 @@ def run_gdn_bench(
 
     pub_times = {}
     for name, fn in publishers.items():
-        pub_times[name] = {("graph" if gm else "eager"): _time(fn, torch, device, warmup, iters, gm) for gm in
+        pub_times[name] = {("graph" if gm else "eager"): time_call(fn, torch, device, warmup, iters, gm) for gm in
                            modes_graph}  # fmt: skip
     results["publish_variants"] = pub_times
     best_pub = "served"  # the headline is the engine's commit, like the verify config above
@@ -267,7 +267,7 @@ def run_gdn_bench(
         lumo[tag] = {
             "verify": best[tag],
             "publish": pub_times[best_pub][tag],
-            "total": _time(total, torch, device, warmup, iters, gm),
+            "total": time_call(total, torch, device, warmup, iters, gm),
         }
     plan = plans[best["plan"]]
     cut_mib = plan.cut_buffer_bytes(hv, dk, dv) / 2**20
@@ -381,20 +381,21 @@ def run_gdn_bench(
 
     base: dict[str, Any] = {}
     small = max(1, iters // 10)
-    base["pytorch_node"] = {"eager": _time(pytorch_node, torch, device, min(warmup, 2), small, False),
+    base["pytorch_node"] = {"eager": time_call(pytorch_node, torch, device, min(warmup, 2), small, False),
                             "named_buffers_mib": L * R * hv * dk * dv * 4 / 2**20}  # fmt: skip
     for name, fn, mib in (
         ("native_path", native_path, L * R * hv * dk * dv * 4 / 2**20),
         ("fla_paths_replay", fla_paths, len(routes) * hv * dk * dv * 4 / 2**20),
     ):
         base[name] = {
-            ("graph" if gm else "eager"): _time(fn, torch, device, warmup, iters, gm) for gm in modes_graph
+            ("graph" if gm else "eager"): time_call(fn, torch, device, warmup, iters, gm)
+            for gm in modes_graph
         }
         base[name]["named_buffers_mib"] = mib
     # byte floor: the state read once to verify, read + written once to publish
     big = torch.empty(int(256 * 2**20), dtype=torch.uint8, device=device)
     dst = torch.empty_like(big)
-    cp = _time(lambda: dst.copy_(big), torch, device, warmup, iters, cuda)
+    cp = time_call(lambda: dst.copy_(big), torch, device, warmup, iters, cuda)
     bw = 2 * big.numel() / (cp["median_ms"] * 1e-3)
     state_bytes = L * hv * dk * dv * 4
     base["floor"] = {
