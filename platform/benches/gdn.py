@@ -250,8 +250,8 @@ def run_gdn_bench(
 
     pub_times = {}
     for name, fn in publishers.items():
-        pub_times[name] = {("graph" if gm else "eager"): time_call(fn, torch, device, warmup, iters, gm) for gm in
-                           modes_graph}  # fmt: skip
+        pub_times[name] = {("graph" if gm else "eager"): time_call(fn, torch, device, warmup, iters, gm)
+                           for gm in modes_graph}  # fmt: skip
     results["publish_variants"] = pub_times
     best_pub = "served"  # the headline is the engine's commit, like the verify config above
     publish = publishers[best_pub]
