@@ -44,7 +44,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
-    ncu_scan) run_step ncu_scan 300 ncu --clock-control none --section SpeedOfLight --section Occupancy \
+    ncu_scan) run_step ncu_scan 300 ncu --clock-control none --cache-control none --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
       -k regex:_tree_scan_kernel -c 2 "${lt[@]}" bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar \
       --configs 8:1:1 --json --out "$out/gdn_ncu.json" ;;

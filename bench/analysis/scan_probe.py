@@ -16,7 +16,10 @@ time:
   only by an impossible store), so the walk's own loads find them in cache.
 
 Per variant: µs per launch at T = 1 and T = 12 (CUDA-graph medians of 48 launches) and the difference per
-node. The served scan over the same chains is timed beside them. Not a product kernel: the test
+node. The served scan over the same chains is timed beside them, and ``scan_like`` and the served scan are
+timed once more with every layer reading layer 0's operands (``*_hot``): in the model the operands were
+written by the kernel just before the scan, so they sit in L2, while the bench's per-layer operands are
+evicted by the 144 MiB of states streaming through. Not a product kernel: the test
 ``tests/kernels/test_scan_probe.py`` checks every variant against the per-node reference on CPU.
 
     python bench/analysis/scan_probe.py [--out probe.json]
@@ -158,25 +161,29 @@ def main(
     scale = d**-0.5
     gpu = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     out: dict[str, Any] = {"gpu": gpu, "layers": layers, "lengths": list(lengths)}
-    for name in (*VARIANTS, "served_scan"):
+    for name in (*VARIANTS, "served_scan", "scan_like_hot", "served_scan_hot"):
         per: dict[int, float] = {}
+        hot = name.endswith("_hot")
+        variant = name.removesuffix("_hot")
         for n in lengths:
             nodes = torch.arange(n, device=dev, dtype=torch.int32)
             plan = plan_paths([-1, *range(n - 1)], mode=tree_scan.DEFAULT_CONFIG.plan_mode)
 
-            def fn(name: str = name, n: int = n, nodes: torch.Tensor = nodes, plan: Any = plan) -> None:
+            def fn(variant: str = variant, hot: bool = hot, n: int = n, nodes: torch.Tensor = nodes,
+                   plan: Any = plan) -> None:  # fmt: skip
                 for li in range(layers):
-                    if name == "served_scan":
-                        tree_scan.tree_gdn(q[li, :n], k[li, :n], v[li, :n], g[li, :n], beta[li, :n], None,
-                                           h0[li], scale, plan, out=o[li, :n])  # fmt: skip
+                    x = 0 if hot else li  # whose operands (the state is always the layer's own)
+                    if variant == "served_scan":
+                        tree_scan.tree_gdn(q[x, :n], k[x, :n], v[x, :n], g[x, :n], beta[x, :n], None, h0[li],
+                                           scale, plan, out=o[x, :n])  # fmt: skip
                     else:
-                        launch(name, q[li], k[li], v[li], g[li], beta[li], o[li], h0[li], nodes, scale)
+                        launch(variant, q[x], k[x], v[x], g[x], beta[x], o[x], h0[li], nodes, scale)
 
             # CUDA-graph replays of the 48 launches (wall time on CPU), per launch
             per[n] = time_call(fn, torch, dev, warmup, iters, graph=True)["median_ms"] * 1e3 / layers
         lo, hi = min(lengths), max(lengths)
         out[name] = {"us_per_launch": per, "us_per_node": (per[hi] - per[lo]) / (hi - lo)}
-        print(f"{name:12s} " + " ".join(f"T={n}: {t:7.2f} us" for n, t in per.items())
+        print(f"{name:16s} " + " ".join(f"T={n}: {t:7.2f} us" for n, t in per.items())
               + f"   per node {out[name]['us_per_node']:.3f} us", flush=True)  # fmt: skip
     return out
 

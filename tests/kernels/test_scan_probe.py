@@ -56,7 +56,6 @@ def test_probe_variant_computes_the_chain(probe, variant: str) -> None:
 
 def test_probe_runs_end_to_end_on_cpu(probe) -> None:
     res = probe.main(layers=1, hv=2, hk=1, d=16, lengths=(1, 3), device="cpu", warmup=0, iters=1)
-    assert set(probe.VARIANTS) | {"served_scan"} <= set(res)
-    assert all(
-        res[n]["us_per_launch"][1] > 0 and "us_per_node" in res[n] for n in (*probe.VARIANTS, "served_scan")
-    )
+    names = (*probe.VARIANTS, "served_scan", "scan_like_hot", "served_scan_hot")
+    assert set(names) <= set(res)
+    assert all(res[n]["us_per_launch"][1] > 0 and "us_per_node" in res[n] for n in names)
