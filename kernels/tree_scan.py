@@ -54,6 +54,10 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
     faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
+    maxnreg: int = 0
+    """Register cap per thread (0: the compiler's choice). The scan is latency-bound with one warp per
+    program, so resident warps per SM (65,536 registers / (32 x registers per thread), at most 32 one-warp
+    programs) set its speed; a cap trades spills for residency. The arithmetic, hence rounding, is the same."""
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
@@ -442,6 +446,7 @@ def _launch(
         SIDE=lv.num_side,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        maxnreg=config.maxnreg or None,
     )
 
 
