@@ -54,6 +54,10 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
     faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
+    side_tiles: int = 0
+    """Value tiles per program of a launch with side slots (0: ``tiles``). Side leaves hold more operands,
+    so a sided two-tile walk needs about 250 registers; a ``split`` plan can run its plain launch with two
+    tiles (q and k loads shared) and its sidecar launch with one."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice). The scan is latency-bound with one warp per
     program, so resident warps per SM (65,536 registers / (32 x registers per thread), at most 32 one-warp
@@ -389,7 +393,7 @@ def tree_gdn(
     assert cut_buffer.numel() >= need and cut_buffer.dtype == torch.float32
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
-    assert config.tiles in (1, 2), "tiles must be 1 or 2"
+    assert config.tiles in (1, 2) and config.side_tiles in (0, 1, 2), "tiles must be 1 or 2"
     main = side_stream = None
     if plan.independent and len(levels) > 1 and q.is_cuda:  # fork: later levels on a second stream
         main, side_stream = torch.cuda.current_stream(device), _side_stream(device)
@@ -414,7 +418,8 @@ def _launch(
     use_qk_l2norm_in_kernel: bool,
 ) -> None:  # fmt: skip
     """One level's launch (on the current stream)."""
-    NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
+    tiles = (config.side_tiles or config.tiles) if lv.num_side else config.tiles
+    NT = triton.cdiv(triton.cdiv(V, BV), tiles)
     _tree_scan_kernel[(lv.num_paths * HV * NT,)](
         q,
         k,
@@ -440,7 +445,7 @@ def _launch(
         V=V,
         BK=BK,
         BV=BV,
-        TILES=config.tiles,
+        TILES=tiles,
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_CUT=bool(lv.has_cut),
         SIDE=lv.num_side,

@@ -44,9 +44,9 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
-    gdn_regs) run_step gdn_regs 240 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 \
-      --configs 8:1:1,8:1:1:128,8:1:1:112,8:1:1:96,8:1:1:80,8:1:1:64,8:1:2:128,8:1:2:96 --json \
-      --out "$out/gdn_regs.json" ;;
+    gdn_regs) run_step gdn_regs 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 \
+      --configs 8:1:1,8:1:1:128,8:1:1:112,8:1:1:96,8:1:2,8:1:2:168,8:1:2:128,8:1:2:112,8:1:2:0:1,8:1:2:128:1,8:1:2:112:1 \
+      --json --out "$out/gdn_regs.json" ;;
     ncu_scan) run_step ncu_scan 300 ncu --clock-control none --cache-control none --section SpeedOfLight --section Occupancy \
       --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
       -k regex:_tree_scan_kernel -c 2 "${lt[@]}" bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar \

@@ -102,7 +102,7 @@ def run_gdn_bench(
     accept_depth: int,
     warmup: int,
     iters: int,
-    configs: list[tuple[int, int, int, int]],
+    configs: list[tuple[int, int, int, int, int]],
     log: Any = print,
     plan_modes: tuple[str, ...] = SWEPT_PLANS,
 ) -> dict[str, Any]:
@@ -222,12 +222,13 @@ def run_gdn_bench(
         return fn
 
     modes_graph = [False, True] if cuda else [False]
-    knobs = ("plan", "block_v", "num_warps", "tiles", "maxnreg")
+    knobs = ("plan", "block_v", "num_warps", "tiles", "maxnreg", "side_tiles")
     sweep = []
     sweep_outs = []  # each config's outputs, checked against native decoding below
     for mode in plans:
-        for bv, nw, tiles, regs in configs:
-            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw, plan_mode=mode, tiles=tiles, maxnreg=regs)
+        for bv, nw, tiles, regs, st in configs:
+            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw, plan_mode=mode, tiles=tiles, maxnreg=regs,
+                                           side_tiles=st)  # fmt: skip
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
             for gm in modes_graph:
@@ -238,7 +239,7 @@ def run_gdn_bench(
             sweep_outs.append(outs.clone())
             sweep.append(row)
             t = row.get("graph", row["eager"])["median_ms"]
-            log(f"  verify {mode:6s} BV={bv:3d} warps={nw} tiles={tiles} maxnreg={regs}: {t:.4f} ms")
+            log(f"  verify {mode:7s} BV={bv:3d} warps={nw} tiles={tiles}/{st or tiles} maxnreg={regs}: {t:.4f} ms")
     key = "graph" if cuda else "eager"
     results["verify_sweep"] = sweep
     # The headline is what the model serves (the default config), not the sweep's fastest.
@@ -443,17 +444,18 @@ def _table(res: dict[str, Any], console: Any) -> None:
     console.print(res["accuracy"])
 
 
-def _parse_config(text: str) -> tuple[int, int, int, int]:
-    """``BV:warps[:tiles[:maxnreg]]`` -> (BV, warps, tiles, maxnreg); tiles default 1, maxnreg 0 (none)."""
+def _parse_config(text: str) -> tuple[int, int, int, int, int]:
+    """``BV:warps[:tiles[:maxnreg[:side_tiles]]]`` -> the five knobs; tiles default 1, maxnreg 0 (none),
+    side_tiles 0 (= tiles)."""
     parts = [int(x) for x in text.split(":")]
-    if not 2 <= len(parts) <= 4 or parts[0] < 1 or parts[1] < 1:
-        raise ValueError(f"{text!r} is not BV:warps[:tiles[:maxnreg]] with positive integers")
-    parts += [1, 0][len(parts) - 2 :]
-    if parts[2] not in (1, 2):
-        raise ValueError(f"{text!r}: tiles must be 1 or 2")
+    if not 2 <= len(parts) <= 5 or parts[0] < 1 or parts[1] < 1:
+        raise ValueError(f"{text!r} is not BV:warps[:tiles[:maxnreg[:side_tiles]]] with integers")
+    parts += [1, 0, 0][len(parts) - 2 :]
+    if parts[2] not in (1, 2) or parts[4] not in (0, 1, 2):
+        raise ValueError(f"{text!r}: tiles must be 1 or 2 (side tiles 0, 1 or 2)")
     if parts[3] and not 24 <= parts[3] <= 255:
         raise ValueError(f"{text!r}: maxnreg must be 0 (none) or 24..255")
-    return parts[0], parts[1], parts[2], parts[3]
+    return parts[0], parts[1], parts[2], parts[3], parts[4]
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -472,7 +474,7 @@ def register(bench_app: typer.Typer) -> None:
         configs: str = typer.Option(
             "8:1:1,8:1:2,16:1:1,16:1:2,32:2:1",
             "--configs",
-            help="Scan BV:warps[:tiles[:maxnreg]] list, each run with every swept plan mode.",
+            help="Scan BV:warps[:tiles[:maxnreg[:side_tiles]]] list, each run with every swept plan mode.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
@@ -493,7 +495,7 @@ def register(bench_app: typer.Typer) -> None:
             os.environ.setdefault("TRITON_INTERPRET", "1")
         from lumotree.kernels.tree_scan import DEFAULT_CONFIG as dc
 
-        served = (dc.block_v, dc.num_warps, dc.tiles, dc.maxnreg)
+        served = (dc.block_v, dc.num_warps, dc.tiles, dc.maxnreg, dc.side_tiles)
         if served not in cfgs:  # the headline is the served config, so it is always timed
             cfgs.append(served)
         modes = [m.strip() for m in plans.split(",") if m.strip()]

@@ -103,8 +103,9 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-    cfg = lambda tiles, mode: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode)
-    run = lambda tiles, mode: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg(tiles, mode))[0]
+    cfg = lambda tiles, mode, side=0: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, side_tiles=side)
+    run = lambda tiles, mode, side=0: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25,
+                                                  config=cfg(tiles, mode, side))[0]  # fmt: skip
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
@@ -118,6 +119,8 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
         (1, "split"),
     ):
         assert torch.equal(run(tiles, mode), base), (tiles, mode)
+    # split: two-tile plain launch beside a one-tile sidecar launch, and the reverse
+    assert torch.equal(run(2, "split", 1), base) and torch.equal(run(1, "split", 2), base)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
 
