@@ -3,7 +3,9 @@
 # project's checkout as the working directory: engine CUDA-graph checks, the 27B-shape decode, GDN and arm
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
-# Nsight Compute into ncu_scan.log; step gdn_regs sweeps the scan's register cap (resident warps per SM); step probe times a node of the scan taken apart (bench/analysis/scan_probe.py).
+# Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
+# times scan knob sets (GDN_CONFIGS overrides them); step probe times a node of the scan taken apart
+# (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
 # and a failing step is recorded and skipped so one broken piece never costs the others).
 set -uo pipefail
@@ -20,7 +22,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_regs ncu_scan probe arms arms_gather profile profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_sweep ncu_scan probe arms arms_gather profile profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -44,13 +46,15 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
-    gdn_regs) run_step gdn_regs 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 \
-      --configs 8:1:1,8:1:1:128,8:1:1:112,8:1:1:96,8:1:2,8:1:2:168,8:1:2:128,8:1:2:112,8:1:2:0:1,8:1:2:128:1,8:1:2:112:1 \
-      --json --out "$out/gdn_regs.json" ;;
-    ncu_scan) run_step ncu_scan 300 ncu --clock-control none --cache-control none --section SpeedOfLight --section Occupancy \
-      --section LaunchStats --section WarpStateStats --section SchedulerStats --section SourceCounters \
-      -k regex:_tree_scan_kernel -c 2 "${lt[@]}" bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar \
-      --configs 8:1:1 --json --out "$out/gdn_ncu.json" ;;
+    gdn_sweep) run_step gdn_sweep 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 --json \
+      --configs ${GDN_CONFIGS:-8:1:1,8:1:1/branchless=1,8:1:1/early_qk=1,8:1:1/early_qk=2,8:1:1/early_qk=1/branchless=1,8:1:1/early_qk=2/branchless=1,8:1:2/side_tiles=1/branchless=1,8:1:2/side_tiles=1/early_qk=2/branchless=1,8:1:1/maxnreg=128} \
+      --out "$out/gdn_sweep.json" ;;
+    ncu_scan) run_step ncu_scan 300 bash -c "ncu --clock-control none --cache-control none --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+      --section SourceCounters --import-source no -k regex:_tree_scan_kernel -c 1 -f -o /tmp/scan_src \
+      ${lt[*]} bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar --configs 8:1:1 --json \
+      --out /tmp/gdn_ncu.json >/dev/null && ncu -i /tmp/scan_src.ncu-rep --print-details all && \
+      ncu -i /tmp/scan_src.ncu-rep --page source --print-source sass --csv > '$out/ncu_source.csv'" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;

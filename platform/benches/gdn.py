@@ -102,7 +102,7 @@ def run_gdn_bench(
     accept_depth: int,
     warmup: int,
     iters: int,
-    configs: list[tuple[int, int, int, int, int]],
+    configs: list[dict[str, int]],
     log: Any = print,
     plan_modes: tuple[str, ...] = SWEPT_PLANS,
 ) -> dict[str, Any]:
@@ -222,13 +222,12 @@ def run_gdn_bench(
         return fn
 
     modes_graph = [False, True] if cuda else [False]
-    knobs = ("plan", "block_v", "num_warps", "tiles", "maxnreg", "side_tiles")
+    knobs = ("plan", *SCAN_KNOBS)
     sweep = []
     sweep_outs = []  # each config's outputs, checked against native decoding below
     for mode in plans:
-        for bv, nw, tiles, regs, st in configs:
-            cfg = tree_scan.TreeScanConfig(block_v=bv, num_warps=nw, plan_mode=mode, tiles=tiles, maxnreg=regs,
-                                           side_tiles=st)  # fmt: skip
+        for knob_values in configs:
+            cfg = tree_scan.TreeScanConfig(plan_mode=mode, **knob_values)
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
             for gm in modes_graph:
@@ -239,7 +238,7 @@ def run_gdn_bench(
             sweep_outs.append(outs.clone())
             sweep.append(row)
             t = row.get("graph", row["eager"])["median_ms"]
-            log(f"  verify {mode:7s} BV={bv:3d} warps={nw} tiles={tiles}/{st or tiles} maxnreg={regs}: {t:.4f} ms")
+            log(f"  verify {mode:7s} {_config_text(knob_values)}: {t:.4f} ms")
     key = "graph" if cuda else "eager"
     results["verify_sweep"] = sweep
     # The headline is what the model serves (the default config), not the sweep's fastest.
@@ -444,18 +443,60 @@ def _table(res: dict[str, Any], console: Any) -> None:
     console.print(res["accuracy"])
 
 
-def _parse_config(text: str) -> tuple[int, int, int, int, int]:
-    """``BV:warps[:tiles[:maxnreg[:side_tiles]]]`` -> the five knobs; tiles default 1, maxnreg 0 (none),
-    side_tiles 0 (= tiles)."""
-    parts = [int(x) for x in text.split(":")]
-    if not 2 <= len(parts) <= 5 or parts[0] < 1 or parts[1] < 1:
-        raise ValueError(f"{text!r} is not BV:warps[:tiles[:maxnreg[:side_tiles]]] with integers")
-    parts += [1, 0, 0][len(parts) - 2 :]
-    if parts[2] not in (1, 2) or parts[4] not in (0, 1, 2):
-        raise ValueError(f"{text!r}: tiles must be 1 or 2 (side tiles 0, 1 or 2)")
-    if parts[3] and not 24 <= parts[3] <= 255:
+SCAN_KNOBS = (
+    "block_v",
+    "num_warps",
+    "tiles",
+    "side_tiles",
+    "early_qk",
+    "branchless",
+    "maxnreg",
+    "num_stages",
+)
+"""The integer fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
+
+
+def _parse_config(text: str) -> dict[str, int]:
+    """``BV:warps[:tiles][/knob=value...]`` -> every knob of ``SCAN_KNOBS`` (the rest at their defaults,
+    tiles 1), e.g. ``8:1:1/early_qk=2/branchless=1``."""
+    from lumotree.kernels.tree_scan import TreeScanConfig
+
+    head, *extra = text.split("/")
+    parts = head.split(":")
+    if not 2 <= len(parts) <= 3:
+        raise ValueError(f"{text!r} is not BV:warps[:tiles][/knob=value...]")
+    base = TreeScanConfig()
+    values = {k: getattr(base, k) for k in SCAN_KNOBS} | {"tiles": 1}
+    items = [
+        *zip(("block_v", "num_warps", "tiles"), parts, strict=False),
+        *(e.partition("=")[::2] for e in extra),
+    ]
+    for key, val in items:
+        if key not in SCAN_KNOBS:
+            raise ValueError(f"{text!r}: unknown knob {key!r}; knobs are {SCAN_KNOBS}")
+        try:
+            values[key] = int(val)
+        except ValueError:
+            raise ValueError(f"{text!r}: {key} must be an integer, not {val!r}") from None
+    if values["block_v"] < 1 or values["num_warps"] < 1 or values["tiles"] not in (1, 2):
+        raise ValueError(f"{text!r}: BV and warps must be positive, tiles 1 or 2")
+    if values["maxnreg"] and not 24 <= values["maxnreg"] <= 255:
         raise ValueError(f"{text!r}: maxnreg must be 0 (none) or 24..255")
-    return parts[0], parts[1], parts[2], parts[3], parts[4]
+    return values
+
+
+def _config_text(values: dict[str, int]) -> str:
+    """The ``--configs`` item of a knob set (defaults left out)."""
+    from lumotree.kernels.tree_scan import TreeScanConfig
+
+    base = TreeScanConfig()
+    head = f"{values['block_v']}:{values['num_warps']}:{values['tiles']}"
+    rest = [
+        f"{k}={v}"
+        for k, v in values.items()
+        if k not in ("block_v", "num_warps", "tiles") and v != getattr(base, k)
+    ]
+    return "/".join([head, *rest])
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -474,7 +515,8 @@ def register(bench_app: typer.Typer) -> None:
         configs: str = typer.Option(
             "8:1:1,8:1:2,16:1:1,16:1:2,32:2:1",
             "--configs",
-            help="Scan BV:warps[:tiles[:maxnreg[:side_tiles]]] list, each run with every swept plan mode.",
+            help="Scan configs BV:warps[:tiles][/knob=value...] (knobs: TreeScanConfig's integer fields), "
+            "each run with every swept plan mode.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
@@ -487,15 +529,15 @@ def register(bench_app: typer.Typer) -> None:
 
         console = Console(stderr=True, quiet=as_json)
         name = "hydra27_fixed32" if tree == "hydra27" else tree
+        if device == "cpu":  # before the kernels are first imported (the configs below import them)
+            os.environ.setdefault("TRITON_INTERPRET", "1")
         try:
             cfgs = [_parse_config(c) for c in configs.split(",")]
         except ValueError as e:
             raise typer.BadParameter(f"--configs: {e}") from e
-        if device == "cpu":  # before the kernels are first imported (the served config below imports them)
-            os.environ.setdefault("TRITON_INTERPRET", "1")
         from lumotree.kernels.tree_scan import DEFAULT_CONFIG as dc
 
-        served = (dc.block_v, dc.num_warps, dc.tiles, dc.maxnreg, dc.side_tiles)
+        served = {k: getattr(dc, k) for k in SCAN_KNOBS}
         if served not in cfgs:  # the headline is the served config, so it is always timed
             cfgs.append(served)
         modes = [m.strip() for m in plans.split(",") if m.strip()]
