@@ -54,19 +54,10 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
     faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
-    side_tiles: int = 0
-    """Value tiles per program of a launch with side slots (0: ``tiles``). Side leaves hold more operands,
-    so a sided two-tile walk needs about 250 registers; a ``split`` plan can run its plain launch with two
-    tiles (q and k loads shared) and its sidecar launch with one."""
-    early_qk: int = 0
-    """1: k of the next node is moved into the tile's layout when it is loaded, a node ahead, instead of
-    where it is used (the move goes through shared memory); 2: q too (32 more registers each)."""
-    branchless: int = 0
-    """1: output stores predicated instead of branched over, so a node stays one basic block."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
-    hence the rounding, is the same (on the H200 no cap from 96 to 168 was faster than none)."""
+    hence the rounding, is the same. On the H200 no cap from 96 to 168 beat none (BENCHMARKS.md, run 9)."""
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
@@ -104,32 +95,8 @@ def _step(b_h, b_k, b_q, b_v, b_g, b_beta):
 
 
 @triton.jit
-def _step_tile(b_h, kt, qt, b_v, b_g, b_beta):
-    """``_step`` with k and q as [K, BV] tiles or [K, 1] columns (the same products in the same order)."""
-    b_h *= tl.exp(b_g)
-    b_v = b_beta * (b_v - tl.sum(b_h * kt, 0))
-    b_h += kt * b_v
-    return b_h, tl.sum(b_h * qt, 0)
-
-
-@triton.jit
-def _l2(x, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):
-    if USE_QK_L2NORM_IN_KERNEL:
-        x = x / tl.sqrt(tl.sum(x * x) + 1e-6)
-    return x
-
-
-@triton.jit
-def _tile(x, BV: tl.constexpr):
-    """x [K] broadcast over the [K, BV] tile: the tile's own layout, so a value carried to the next node is
-    moved into it where it is made (a carried [K, 1] column would get a layout of its own)."""
-    return tl.broadcast_to(x[:, None], (x.shape[0], BV))
-
-
-@triton.jit
-def _operands(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, scale, H: tl.constexpr, HV: tl.constexpr,
-              K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-              USE_QK_L2NORM_IN_KERNEL: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
+def _operands(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+              V: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr):  # fmt: skip
     """q, k, v (both tiles), g, beta of row ``n`` as fp32 (row 0's for an empty side slot ``n < 0``: its
     result is computed like any other and never stored)."""
     r = tl.maximum(n, 0)
@@ -142,50 +109,28 @@ def _operands(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, scale, H: tl.constexpr, 
         b_v1 = tl.load(v + (r * HV + i_hv) * V + o_v + BV, mask=o_v + BV < V, other=0).to(tl.float32)
     b_g = tl.load(g + r * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta + r * HV + i_hv).to(tl.float32)
-    # EARLY: k (1) and q (2) moved into the tile's layout now, a node before use (through shared memory)
-    if EARLY >= 1:
-        b_k = _tile(_l2(b_k, USE_QK_L2NORM_IN_KERNEL), BV)
-    if EARLY >= 2:
-        b_q = _tile(_l2(b_q, USE_QK_L2NORM_IN_KERNEL) * scale, BV)
     return b_q, b_k, b_v, b_v1, b_g, b_beta
 
 
 @triton.jit
 def _node(b_h, b_h1, b_q, b_k, b_v, b_v1, b_g, b_beta, scale, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
-          TILES: tl.constexpr, EARLY: tl.constexpr):  # fmt: skip
-    """A node's update of both tiles and its output, from its parent's state tiles (q and k as loaded, or
-    as columns when ``EARLY``)."""
-    if EARLY == 0:
-        b_k = _l2(b_k, USE_QK_L2NORM_IN_KERNEL)
-    if EARLY <= 1:
-        b_q = _l2(b_q, USE_QK_L2NORM_IN_KERNEL) * scale
-    if EARLY == 0:
-        b_h, b_o = _step(b_h, b_k, b_q, b_v, b_g, b_beta)
-    elif EARLY == 1:
-        b_h, b_o = _step_tile(b_h, b_k, b_q[:, None], b_v, b_g, b_beta)
-    else:
-        b_h, b_o = _step_tile(b_h, b_k, b_q, b_v, b_g, b_beta)
+          TILES: tl.constexpr):  # fmt: skip
+    """A node's update of both tiles and its output, from its parent's state tiles."""
+    if USE_QK_L2NORM_IN_KERNEL:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_q = b_q * scale
+    b_h, b_o = _step(b_h, b_k, b_q, b_v, b_g, b_beta)
     b_o1 = b_o
     if TILES == 2:
-        if EARLY == 0:
-            b_h1, b_o1 = _step(b_h1, b_k, b_q, b_v1, b_g, b_beta)
-        elif EARLY == 1:
-            b_h1, b_o1 = _step_tile(b_h1, b_k, b_q[:, None], b_v1, b_g, b_beta)
-        else:
-            b_h1, b_o1 = _step_tile(b_h1, b_k, b_q, b_v1, b_g, b_beta)
+        b_h1, b_o1 = _step(b_h1, b_k, b_q, b_v1, b_g, b_beta)
     return b_h, b_h1, b_o, b_o1
 
 
 @triton.jit
 def _store_out(o, n, i_hv, o_v, b_o, b_o1, ok, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-               TILES: tl.constexpr, BRANCHLESS: tl.constexpr):  # fmt: skip
-    if BRANCHLESS:  # predicated: no branch splits the node's basic block
-        p_o = o + (tl.maximum(n, 0) * HV + i_hv) * V + o_v
-        lim = tl.where(ok, V, 0)  # (a scalar & a vector mask fails under the interpreter)
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=o_v < lim)
-        if TILES == 2:
-            tl.store(p_o + BV, b_o1.to(o.dtype.element_ty), mask=o_v + BV < lim)
-    elif ok:
+               TILES: tl.constexpr):  # fmt: skip
+    if ok:
         p_o = o + (n * HV + i_hv) * V + o_v
         tl.store(p_o, b_o.to(o.dtype.element_ty), mask=o_v < V)
         if TILES == 2:
@@ -196,7 +141,7 @@ def _store_out(o, n, i_hv, o_v, b_o, b_o1, ok, HV: tl.constexpr, V: tl.constexpr
 def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k, o_v,
           mask_h, mask_h1, tile, n_len, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
           BV: tl.constexpr, TILES: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, HAS_CUT: tl.constexpr,
-          SIDE: tl.constexpr, EARLY: tl.constexpr, BRANCHLESS: tl.constexpr):  # fmt: skip
+          SIDE: tl.constexpr):  # fmt: skip
     """Walk path ``i_p`` from the state tiles ``b_h``/``b_h1``, writing outputs and cut states."""
     # Operands of step t + 1 (and the rows of step t + 2) are loaded while step t computes, and so are the
     # plan's per-step flags and the side rows of step t + 1: none depends on the state, so their memory
@@ -213,8 +158,7 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
         c_nxt = tl.load(cutidx + flags).to(tl.int64)
     n_cur = tl.load(base)
     n_nxt = tl.load(base + tl.minimum(1, last))
-    nb = _operands(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, scale, H, HV, K, V, BV, TILES,
-                   USE_QK_L2NORM_IN_KERNEL, EARLY)  # fmt: skip
+    nb = _operands(q, k, v, g, beta, n_cur, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
     # rows of side slots 0 and 1 of the current step (SIDE <= 2: tree_plan.SIDE_CAP)
     a_cur = -1
     b_cur = -1
@@ -233,16 +177,13 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
         a_row = a_cur
         b_row = b_cur
         if SIDE >= 1:
-            na = _operands(q, k, v, g, beta, a_row, i_h, i_hv, o_k, o_v, scale, H, HV, K, V, BV, TILES,
-                           USE_QK_L2NORM_IN_KERNEL, EARLY)  # fmt: skip
+            na = _operands(q, k, v, g, beta, a_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
             a_cur = tl.load(side + t1 * SIDE)
         if SIDE >= 2:
-            nbb = _operands(q, k, v, g, beta, b_row, i_h, i_hv, o_k, o_v, scale, H, HV, K, V, BV, TILES,
-                            USE_QK_L2NORM_IN_KERNEL, EARLY)  # fmt: skip
+            nbb = _operands(q, k, v, g, beta, b_row, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
             b_cur = tl.load(side + t1 * SIDE + 1)
         n_after = tl.load(base + tl.minimum(t + 2, last))
-        nb = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, scale, H, HV, K, V, BV, TILES,
-                       USE_QK_L2NORM_IN_KERNEL, EARLY)  # fmt: skip
+        nb = _operands(q, k, v, g, beta, n_nxt, i_h, i_hv, o_k, o_v, H, HV, K, V, BV, TILES)
         n_cur, n_nxt = n_nxt, n_after
         w, c = w_nxt, c_nxt
         w_nxt = tl.load(write + t1)
@@ -250,25 +191,25 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
             c_nxt = tl.load(cutidx + t1).to(tl.int64)
 
         b_h, b_h1, b_o, b_o1 = _node(b_h, b_h1, b_q, b_k, b_v, b_v1, b_g, b_beta, scale,
-                                     USE_QK_L2NORM_IN_KERNEL, TILES, EARLY)  # fmt: skip
+                                     USE_QK_L2NORM_IN_KERNEL, TILES)  # fmt: skip
         # leaf children of this node, from its state (their updated states are dropped); all stores come
         # after all updates, since a store's branch would split the block the updates interleave in
         a_o, a_o1, s_o, s_o1 = b_o, b_o1, b_o, b_o1
         if SIDE >= 1:
             sq, sk, sv, sv1, sg, sbeta = na
             _, _, a_o, a_o1 = _node(
-                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES, EARLY
+                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
             )
         if SIDE >= 2:
             sq, sk, sv, sv1, sg, sbeta = nbb
             _, _, s_o, s_o1 = _node(
-                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES, EARLY
+                b_h, b_h1, sq, sk, sv, sv1, sg, sbeta, scale, USE_QK_L2NORM_IN_KERNEL, TILES
             )
-        _store_out(o, node, i_hv, o_v, b_o, b_o1, w != 0, HV, V, BV, TILES, BRANCHLESS)
+        _store_out(o, node, i_hv, o_v, b_o, b_o1, w != 0, HV, V, BV, TILES)
         if SIDE >= 1:
-            _store_out(o, a_row, i_hv, o_v, a_o, a_o1, a_row >= 0, HV, V, BV, TILES, BRANCHLESS)
+            _store_out(o, a_row, i_hv, o_v, a_o, a_o1, a_row >= 0, HV, V, BV, TILES)
         if SIDE >= 2:
-            _store_out(o, b_row, i_hv, o_v, s_o, s_o1, b_row >= 0, HV, V, BV, TILES, BRANCHLESS)
+            _store_out(o, b_row, i_hv, o_v, s_o, s_o1, b_row >= 0, HV, V, BV, TILES)
         if HAS_CUT:
             if c >= 0:
                 p_c = cut + (c * HV + i_hv) * K * V + tile
@@ -307,8 +248,6 @@ def _tree_scan_kernel(
     USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
     HAS_CUT: tl.constexpr,
     SIDE: tl.constexpr,
-    EARLY: tl.constexpr,
-    BRANCHLESS: tl.constexpr,
 ):
     NT = tl.cdiv(tl.cdiv(V, BV), TILES)
     pid = tl.program_id(0).to(tl.int64)
@@ -349,11 +288,11 @@ def _tree_scan_kernel(
     if sided_p != 0:
         _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
               o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
-              SIDE, EARLY, BRANCHLESS)  # fmt: skip
+              SIDE)  # fmt: skip
     else:
         _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
               o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
-              0, EARLY, BRANCHLESS)  # fmt: skip
+              0)  # fmt: skip
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -450,7 +389,7 @@ def tree_gdn(
     assert cut_buffer.numel() >= need and cut_buffer.dtype == torch.float32
     BK = triton.next_power_of_2(K)
     BV = min(config.block_v, triton.next_power_of_2(V))
-    assert config.tiles in (1, 2) and config.side_tiles in (0, 1, 2), "tiles must be 1 or 2"
+    assert config.tiles in (1, 2), "tiles must be 1 or 2"
     main = side_stream = None
     if plan.independent and len(levels) > 1 and q.is_cuda:  # fork: later levels on a second stream
         main, side_stream = torch.cuda.current_stream(device), _side_stream(device)
@@ -475,8 +414,7 @@ def _launch(
     use_qk_l2norm_in_kernel: bool,
 ) -> None:  # fmt: skip
     """One level's launch (on the current stream)."""
-    tiles = (config.side_tiles or config.tiles) if lv.num_side else config.tiles
-    NT = triton.cdiv(triton.cdiv(V, BV), tiles)
+    NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
     _tree_scan_kernel[(lv.num_paths * HV * NT,)](
         q,
         k,
@@ -502,12 +440,10 @@ def _launch(
         V=V,
         BK=BK,
         BV=BV,
-        TILES=tiles,
+        TILES=config.tiles,
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_CUT=bool(lv.has_cut),
         SIDE=lv.num_side,
-        EARLY=config.early_qk,
-        BRANCHLESS=config.branchless,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         maxnreg=config.maxnreg or None,

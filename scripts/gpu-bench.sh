@@ -47,7 +47,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     gdn_sweep) run_step gdn_sweep 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 --json \
-      --configs ${GDN_CONFIGS:-8:1:1,8:1:1/branchless=1,8:1:1/early_qk=1,8:1:1/early_qk=2,8:1:1/early_qk=1/branchless=1,8:1:1/early_qk=2/branchless=1,8:1:2/side_tiles=1/branchless=1,8:1:2/side_tiles=1/early_qk=2/branchless=1,8:1:1/maxnreg=128} \
+      --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
     ncu_scan) run_step ncu_scan 300 bash -c "ncu --clock-control none --cache-control none --section SpeedOfLight \
       --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \

@@ -458,7 +458,7 @@ SCAN_KNOBS = (
 
 def _parse_config(text: str) -> dict[str, int]:
     """``BV:warps[:tiles][/knob=value...]`` -> every knob of ``SCAN_KNOBS`` (the rest at their defaults,
-    tiles 1), e.g. ``8:1:1/early_qk=2/branchless=1``."""
+    tiles 1), e.g. ``8:1:2/maxnreg=128``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     head, *extra = text.split("/")

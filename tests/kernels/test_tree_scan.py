@@ -103,10 +103,8 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-    def run(tiles: int, mode: str, **knobs: int) -> torch.Tensor:
-        cfg = ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, **knobs)
-        return ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg)[0]
-
+    cfg = lambda tiles, mode: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode)
+    run = lambda tiles, mode: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg(tiles, mode))[0]
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
@@ -120,13 +118,6 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
         (1, "split"),
     ):
         assert torch.equal(run(tiles, mode), base), (tiles, mode)
-    # split: two-tile plain launch beside a one-tile sidecar launch, and the reverse
-    for tiles, side in ((2, 1), (1, 2)):
-        assert torch.equal(run(tiles, "split", side_tiles=side), base), (tiles, side)
-    # q/k moved into the tile's layout a node early, predicated stores
-    for knobs in ({"early_qk": 1}, {"early_qk": 2, "branchless": 1}, {"branchless": 1}):
-        for tiles, mode in ((1, "sidecar"), (2, "side"), (1, "levels")):
-            assert torch.equal(run(tiles, mode, **knobs), base), (tiles, mode, knobs)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
 
