@@ -443,16 +443,7 @@ def _table(res: dict[str, Any], console: Any) -> None:
     console.print(res["accuracy"])
 
 
-SCAN_KNOBS = (
-    "block_v",
-    "num_warps",
-    "tiles",
-    "side_tiles",
-    "early_qk",
-    "branchless",
-    "maxnreg",
-    "num_stages",
-)
+SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages")
 """The integer fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
 
 
