@@ -445,11 +445,13 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages")
 """The integer fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
+_HEAD = SCAN_KNOBS[:3]
+"""The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
 
 def _parse_config(text: str) -> dict[str, int]:
-    """``BV:warps[:tiles][/knob=value...]`` -> every knob of ``SCAN_KNOBS`` (the rest at their defaults,
-    tiles 1), e.g. ``8:1:2/maxnreg=128``."""
+    """``BV:warps[:tiles][/knob=value...]`` -> every knob of ``SCAN_KNOBS`` (the rest at
+    ``TreeScanConfig``'s defaults), e.g. ``8:1:2/maxnreg=128``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     head, *extra = text.split("/")
@@ -457,9 +459,9 @@ def _parse_config(text: str) -> dict[str, int]:
     if not 2 <= len(parts) <= 3:
         raise ValueError(f"{text!r} is not BV:warps[:tiles][/knob=value...]")
     base = TreeScanConfig()
-    values = {k: getattr(base, k) for k in SCAN_KNOBS} | {"tiles": 1}
+    values = {k: getattr(base, k) for k in SCAN_KNOBS}
     items = [
-        *zip(("block_v", "num_warps", "tiles"), parts, strict=False),
+        *zip(_HEAD, parts, strict=False),
         *(e.partition("=")[::2] for e in extra),
     ]
     for key, val in items:
@@ -481,12 +483,8 @@ def _config_text(values: dict[str, int]) -> str:
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     base = TreeScanConfig()
-    head = f"{values['block_v']}:{values['num_warps']}:{values['tiles']}"
-    rest = [
-        f"{k}={v}"
-        for k, v in values.items()
-        if k not in ("block_v", "num_warps", "tiles") and v != getattr(base, k)
-    ]
+    head = ":".join(str(values[k]) for k in _HEAD)
+    rest = [f"{k}={v}" for k, v in values.items() if k not in _HEAD and v != getattr(base, k)]
     return "/".join([head, *rest])
 
 

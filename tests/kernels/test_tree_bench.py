@@ -7,6 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+os.environ["TRITON_INTERPRET"] = "1"  # read when a kernel is decorated: the config test imports the scan
+
 
 def test_gdn_bench_smoke(tmp_path) -> None:
     out = tmp_path / "gdn.json"
@@ -37,3 +41,15 @@ def test_gdn_bench_plans_option() -> None:
     cmd = cli + ["bench", "gdn", "--device", "cpu", "--plans", "flat,bogus"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "bogus" in proc.stderr
+
+
+def test_gdn_bench_config_syntax() -> None:
+    """``--configs`` items: positional BV:warps[:tiles], then knob=value pairs; bad items are refused."""
+    from lumotree.platform.benches.gdn import _config_text, _parse_config
+
+    cfg = _parse_config("8:1:2/maxnreg=128")
+    assert (cfg["block_v"], cfg["num_warps"], cfg["tiles"], cfg["maxnreg"]) == (8, 1, 2, 128)
+    assert _config_text(cfg) == "8:1:2/maxnreg=128" and _config_text(_parse_config("16:2")) == "16:2:1"
+    for bad in ("8", "8:1:3", "8:1/bogus=1", "8:1/maxnreg=x", "8:1/maxnreg=300", "8:1:1:1"):
+        with pytest.raises(ValueError):
+            _parse_config(bad)
