@@ -157,25 +157,31 @@ def gdn_tree(
 def gdn_tree_batch(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     parents: Sequence[Sequence[int]], pool: torch.Tensor, rows: torch.Tensor, scale: float,
+    padded: Sequence[Sequence[int]] | None = None,
 ) -> torch.Tensor:  # fmt: skip
     """Tree GDN over S packed trees (rows of tree s follow tree s-1; ``parents[s]`` local to tree s), tree s
     starting from ``pool[rows[s]]``: o [R, HV, V]. CUDA: one scan launch per level for all trees, reading the
-    pool through ``rows`` on the device (no host index, so it can be graph-captured)."""
+    pool through ``rows`` on the device (no host index, so it can be graph-captured). ``padded[s]``: local
+    rows of tree s nobody samples (whole subtrees): not computed on CUDA, o = 0 there on every backend."""
     cu = [0]
     for par in parents:
         cu.append(cu[-1] + len(par))
+    skip = [lo + r for lo, pad in zip(cu, padded or (), strict=False) for r in pad]
     if use_triton(q) and _tree_kernel() is not None:
         kernel = _tree_kernel()
         assert kernel is not None
         flat = [p for par in parents for p in par]
         o, _ = kernel(q[None], k[None], v[None], g[None], beta[None], flat, pool, scale,
-                      cu_seqlens=cu, state_indices=rows)  # fmt: skip
+                      cu_seqlens=cu, state_indices=rows, skip=skip)  # fmt: skip
         return o[0]  # type: ignore[no-any-return]
     outs = [
         gdn_tree(q[lo:hi], k[lo:hi], v[lo:hi], g[lo:hi], beta[lo:hi], par, pool[rows[s]], scale)[0]
         for s, (par, lo, hi) in enumerate(zip(parents, cu[:-1], cu[1:], strict=True))
     ]
-    return torch.cat(outs)
+    o = torch.cat(outs)
+    if skip:
+        o[skip] = 0
+    return o
 
 
 # ---------------------------------------------------------------- fused row kernels of the decode path

@@ -127,6 +127,8 @@ class PathPlan:
     paths: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
     independent: bool = False
     """The levels read only committed states (no cut buffer between them), so they may run concurrently."""
+    skipped: tuple[int, ...] = ()
+    """Rows no path computes (``plan_paths(skip=...)``); the first launch writes zeros there."""
     _device_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -157,13 +159,71 @@ class PathPlan:
         key = str(torch.device(device))
         if key not in self._device_cache:
             self._device_cache[key] = tuple(lv.to(device) for lv in self.levels)
-        return self._device_cache[key]
+        return self._device_cache[key]  # type: ignore[no-any-return]
+
+    def zero_rows(self, device: torch.device | str) -> torch.Tensor | None:
+        """``skipped`` as int32 on ``device`` (None when nothing is skipped), kept."""
+        key = (str(torch.device(device)), "zero")
+        if key not in self._device_cache:
+            rows = torch.tensor(self.skipped, dtype=torch.int32, device=device) if self.skipped else None
+            self._device_cache[key] = rows
+        return self._device_cache[key]  # type: ignore[no-any-return]
+
+    def groups(self, pack: float, device: torch.device | str) -> tuple[torch.Tensor | None, ...]:
+        """Per level, the paths each program walks back to back ([G, M] int32 path indices, -1 = none; None
+        = one path per program), from ``pack_paths`` over the paths' node updates; kept per device."""
+        key = (str(torch.device(device)), "groups", pack)
+        if key not in self._device_cache:
+            out = []
+            for lv in self.levels:
+                cost = lv.lens.tolist()
+                if lv.side is not None:
+                    cost = [
+                        c + int(n) for c, n in zip(cost, (lv.side >= 0).sum((1, 2)).tolist(), strict=True)
+                    ]
+                grouped = pack_paths(cost, pack)
+                out.append(None if grouped is None else _pad(grouped, max(map(len, grouped)), -1).to(device))
+            self._device_cache[key] = tuple(out)
+        return self._device_cache[key]  # type: ignore[no-any-return]
 
 
-def _children(parents: Sequence[int]) -> list[list[int]]:
+def pack_paths(cost: Sequence[int], pack: float) -> list[list[int]] | None:
+    """Group paths into programs that walk them back to back, each program's node updates at most about
+    ``pack`` times the longest path's (None: one path per program, when ``pack`` <= 0 or nothing packs).
+
+    A launch of P paths runs P x heads x tiles programs; when that overflows what the GPU holds at once, the
+    short paths wait for a second wave behind the long ones and the launch's span is the sum of both waves.
+    Walking short paths after one another in fewer programs keeps the work and shortens the span: for
+    hydra27's sidecar plan (paths of 13, 12, 6 and 4 updates) two programs of 17 and 18 updates per
+    (head, tile) instead of four. The group count is first-fit decreasing under the cap, the grouping
+    longest-first onto the least loaded group (balanced), heaviest group first."""
+    if pack <= 0 or len(cost) < 2:
+        return None
+    order = sorted(range(len(cost)), key=lambda i: (-cost[i], i))
+    cap = pack * max(cost)
+    bins: list[int] = []
+    for i in order:
+        j = next((j for j, b in enumerate(bins) if b + cost[i] <= cap), None)
+        if j is None:
+            bins.append(cost[i])
+        else:
+            bins[j] += cost[i]
+    if len(bins) == len(cost):
+        return None
+    load = [0] * len(bins)
+    groups: list[list[int]] = [[] for _ in bins]
+    for i in order:
+        j = min(range(len(load)), key=lambda j: (load[j], j))
+        groups[j].append(i)
+        load[j] += cost[i]
+    return sorted(groups, key=lambda g: (-sum(cost[i] for i in g), g))
+
+
+def _children(parents: Sequence[int], skip: frozenset[int] = frozenset()) -> list[list[int]]:
+    """Children of every row, skipped rows left out (so no path reaches them)."""
     kids: list[list[int]] = [[] for _ in parents]
     for i, p in enumerate(parents):
-        if p >= 0:
+        if p >= 0 and i not in skip:
             kids[p].append(i)
     return kids
 
@@ -193,10 +253,10 @@ def _global_parents(parents: Sequence[int], cu_seqlens: Sequence[int]) -> tuple[
     return gp, seq
 
 
-def _heavy(parents: list[int]) -> tuple[list[list[int]], list[int]]:
+def _heavy(parents: list[int], skip: frozenset[int]) -> tuple[list[list[int]], list[int]]:
     """Children of every row and its heavy child (deepest subtree, ties to the lowest row, which is the
-    drafter's top choice; -1 for a leaf)."""
-    kids = _children(parents)
+    drafter's top choice; -1 for a leaf), skipped rows left out."""
+    kids = _children(parents, skip)
     height = [1] * len(parents)
     heavy = [-1] * len(parents)
     for i in reversed(range(len(parents))):
@@ -213,9 +273,9 @@ def _route(heavy: list[int], s: int) -> list[int]:
     return route
 
 
-def _decompose_levels(parents: list[int]) -> list[list[tuple[int, list[int]]]]:
+def _decompose_levels(parents: list[int], skip: frozenset[int]) -> list[list[tuple[int, list[int]]]]:
     """Paths per level as (start row, rows); start row's parent state is where the path starts."""
-    kids, heavy = _heavy(parents)
+    kids, heavy = _heavy(parents, skip)
     levels: list[list[tuple[int, list[int]]]] = []
     frontier = [i for i, p in enumerate(parents) if p < 0]
     while frontier:
@@ -238,9 +298,9 @@ Route = tuple[list[int], int, list[list[int]]]
 """(rows, prefix length not written, side leaves per step)."""
 
 
-def _decompose_routes(parents: list[int], side_cap: int, sidecar: bool) -> list[Route]:
+def _decompose_routes(parents: list[int], skip: frozenset[int], side_cap: int, sidecar: bool) -> list[Route]:
     """Flat routes from the committed state as (rows, prefix length not written, side leaves per step)."""
-    kids, heavy = _heavy(parents)
+    kids, heavy = _heavy(parents, skip)
     routes: list[Route] = []
     todo: list[tuple[list[int], int]] = [
         ([], i) for i, p in enumerate(parents) if p < 0
@@ -294,21 +354,39 @@ def _routes_level(routes: list[Route], seq: list[int]) -> LevelPlan:
     )
 
 
-def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str) -> PathPlan:
+def _routes_plan(gp: list[int], seq: list[int], num_seqs: int, mode: str, skip: frozenset[int]) -> PathPlan:
     """Flat routes from the committed state: one launch, or for ``split`` the plain routes and the sidecars
     as two launches that depend on nothing but the committed state."""
-    routes = _decompose_routes(gp, 0 if mode == "flat" else SIDE_CAP, sidecar=mode in ("sidecar", "split"))
+    routes = _decompose_routes(
+        gp, skip, 0 if mode == "flat" else SIDE_CAP, sidecar=mode in ("sidecar", "split")
+    )
     written = sorted(
         [n for r, k, _ in routes for n in r[k:]] + [n for _, _, sd in routes for x in sd for n in x]
     )
-    assert written == list(range(len(gp))), "every row must be written by exactly one path"
+    assert written == _live(gp, skip), "every row not skipped must be written by exactly one path"
     groups = [routes]
     if mode == "split":
         groups = [g for g in ([r for r in routes if not any(r[2])], [r for r in routes if any(r[2])]) if g]
     levels = tuple(_routes_level(g, seq) for g in groups)
     host = tuple(tuple((-seq[r[0]] - 1, tuple(r)) for r, _, _ in _launch_order(g)) for g in groups)
     return PathPlan(mode=mode, num_rows=len(gp), num_seqs=num_seqs, num_cut=0, levels=levels, paths=host,
-                    independent=mode == "split")  # fmt: skip
+                    independent=mode == "split", skipped=tuple(sorted(skip)))  # fmt: skip
+
+
+def _live(gp: list[int], skip: frozenset[int]) -> list[int]:
+    return [r for r in range(len(gp)) if r not in skip]
+
+
+def _check_skip(gp: list[int], skip: frozenset[int]) -> None:
+    """Skipped rows must be whole subtrees below a root: no path may need a skipped row's state."""
+    for r in sorted(skip):
+        if not 0 <= r < len(gp):
+            raise ValueError(f"skipped row {r} is outside the batch's {len(gp)} rows")
+        if gp[r] < 0:
+            raise ValueError(f"row {r} is a tree's root and cannot be skipped")
+    for i, p in enumerate(gp):
+        if p in skip and i not in skip:
+            raise ValueError(f"row {i} is computed but its parent {p} is skipped")
 
 
 def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
@@ -316,11 +394,14 @@ def _pad(rows: list[list[int]], width: int, fill: int) -> torch.Tensor:
 
 
 @lru_cache(maxsize=512)
-def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: str) -> PathPlan:
+def _plan_cached(
+    parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: str, skip: frozenset[int]
+) -> PathPlan:
     gp, seq = _global_parents(parents, cu_seqlens)
+    _check_skip(gp, skip)
     if mode != "levels":
-        return _routes_plan(gp, seq, len(cu_seqlens) - 1, mode)
-    raw = _decompose_levels(gp)
+        return _routes_plan(gp, seq, len(cu_seqlens) - 1, mode, skip)
+    raw = _decompose_levels(gp, skip)
     # A node's state is exported iff a later-level path starts at one of its children.
     cut_nodes = sorted({gp[s] for lv in raw[1:] for s, _ in lv})
     cut_slot = {n: i for i, n in enumerate(cut_nodes)}
@@ -347,7 +428,7 @@ def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: st
             )
         )
         host_paths.append(tuple((st, tuple(p)) for st, (_, p) in zip(starts, lv, strict=True)))
-    assert written == set(range(len(gp))), "every row must be covered by a path"
+    assert written == set(_live(gp, skip)), "every row not skipped must be covered by a path"
     return PathPlan(
         mode=mode,
         num_rows=len(gp),
@@ -355,6 +436,7 @@ def _plan_cached(parents: tuple[int, ...], cu_seqlens: tuple[int, ...], mode: st
         num_cut=len(cut_nodes),
         levels=tuple(levels),
         paths=tuple(host_paths),
+        skipped=tuple(sorted(skip)),
     )
 
 
@@ -362,6 +444,7 @@ def plan_paths(
     parents: Sequence[int] | torch.Tensor,
     cu_seqlens: Sequence[int] | torch.Tensor | None = None,
     mode: str = "levels",
+    skip: Sequence[int] = (),
 ) -> PathPlan:
     """Plan the scan of a packed batch of trees.
 
@@ -373,13 +456,15 @@ def plan_paths(
         "side" (flat with leaves evaluated beside their parent's route), "sidecar" (those leaves on a
         recomputed copy of the route's prefix), "split" (sidecar as two concurrent launches) or "auto"
         (sidecar unless its recomputed prefixes more than double the node updates, else levels).
+    skip: global rows whose outputs nobody reads (a tree's padded slots): no path computes them and the
+        scan writes zeros there. Their subtrees must be skipped too, and no root.
     """
     if mode == "auto":
-        car = plan_paths(parents, cu_seqlens, "sidecar")
+        car = plan_paths(parents, cu_seqlens, "sidecar", skip)
         # Recomputing shared prefixes costs node updates but saves a launch and the cut-state round trip
         # per level: one launch wins for hydra27 (39 updates for 32 rows; on the H200 sidecar 1.02 ms, side
         # 1.18, levels 1.31, flat 1.37 over 48 layers), not for bushy trees.
-        return car if car.updates <= 2 * car.num_rows else plan_paths(parents, cu_seqlens)
+        return car if car.updates <= 2 * car.num_rows else plan_paths(parents, cu_seqlens, "levels", skip)
     if mode not in PLAN_MODES:
         raise ValueError(f"unknown plan mode {mode!r}; choose one of {PLAN_MODES}")
     p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))
@@ -391,4 +476,4 @@ def plan_paths(
         cu = tuple(
             int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
         )
-    return _plan_cached(p, cu, mode)
+    return _plan_cached(p, cu, mode, frozenset(int(r) for r in skip))

@@ -54,6 +54,9 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
     faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
+    pack: float = 1.5
+    """Paths walked back to back by one program (``tree_plan.pack_paths``): a program's node updates stay
+    within ``pack`` times the longest path's; 0 = one path per program."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
@@ -72,10 +75,11 @@ class TreeScanConfig:
                 raise ValueError(
                     f"LUMOTREE_TREE_SCAN: {item!r} is not field=value with a field of {sorted(kinds)}"
                 )
+            parse = {"str": str, "int": int, "float": float}[str(kinds[key])]
             try:
-                values[key] = val if kinds[key] in (str, "str") else int(val)
+                values[key] = parse(val)
             except ValueError:
-                raise ValueError(f"LUMOTREE_TREE_SCAN: {key} must be an integer, not {val!r}") from None
+                raise ValueError(f"LUMOTREE_TREE_SCAN: {key} must be a number, not {val!r}") from None
         cfg = cls(**values)
         if cfg.plan_mode not in PLAN_MODES:
             raise ValueError(f"LUMOTREE_TREE_SCAN: plan_mode {cfg.plan_mode!r} is not one of {PLAN_MODES}")
@@ -219,51 +223,11 @@ def _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b
 
 
 @triton.jit
-def _tree_scan_kernel(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    o,
-    h0,
-    h0_idx,
-    cut,
-    nodes,
-    lens,
-    start,
-    write,
-    cutidx,
-    side,
-    sided,
-    scale,
-    L,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    TILES: tl.constexpr,
-    USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
-    HAS_CUT: tl.constexpr,
-    SIDE: tl.constexpr,
-):
-    NT = tl.cdiv(tl.cdiv(V, BV), TILES)
-    pid = tl.program_id(0).to(tl.int64)
-    # path-major order: every tile of the (long, first) paths is dispatched before the next path's
-    i_t = pid % NT
-    i_hv = (pid // NT) % HV
-    i_p = pid // (NT * HV)
-    i_h = i_hv // (HV // H)
-
-    o_k = tl.arange(0, BK)
-    o_v = i_t * (TILES * BV) + tl.arange(0, BV)
-    mask_k = o_k < K
-    mask_h = mask_k[:, None] & (o_v < V)[None, :]
-    mask_h1 = mask_k[:, None] & (o_v + BV < V)[None, :]
-    tile = o_k[:, None] * V + o_v[None, :]
-
+def _path(q, k, v, g, beta, o, h0, h0_idx, cut, nodes, lens, start, write, cutidx, side, sided, scale, L, i_p,
+          i_h, i_hv, o_k, o_v, mask_h, mask_h1, tile, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+          V: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+          HAS_CUT: tl.constexpr, SIDE: tl.constexpr):  # fmt: skip
+    """Path ``i_p`` for one (value head, tile): its start state tiles, then the walk."""
     n_len = tl.load(lens + i_p)
     s0 = tl.load(start + i_p).to(tl.int64)
     if s0 >= 0:
@@ -293,6 +257,76 @@ def _tree_scan_kernel(
         _walk(q, k, v, g, beta, o, cut, nodes, write, cutidx, side, scale, L, b_h, b_h1, i_p, i_h, i_hv, o_k,
               o_v, mask_h, mask_h1, tile, n_len, H, HV, K, V, BV, TILES, USE_QK_L2NORM_IN_KERNEL, HAS_CUT,
               0)  # fmt: skip
+
+
+@triton.jit
+def _tree_scan_kernel(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    o,
+    h0,
+    h0_idx,
+    cut,
+    nodes,
+    lens,
+    start,
+    write,
+    cutidx,
+    side,
+    sided,
+    group,
+    zero,
+    scale,
+    L,
+    GM,
+    NZ,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    TILES: tl.constexpr,
+    USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+    HAS_CUT: tl.constexpr,
+    SIDE: tl.constexpr,
+    PACKED: tl.constexpr,
+):
+    NT = tl.cdiv(tl.cdiv(V, BV), TILES)
+    pid = tl.program_id(0).to(tl.int64)
+    # path-major order: every tile of the (long, first) paths (or path groups) is dispatched before the next
+    i_t = pid % NT
+    i_hv = (pid // NT) % HV
+    i_g = pid // (NT * HV)
+    i_h = i_hv // (HV // H)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_t * (TILES * BV) + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_h = mask_k[:, None] & (o_v < V)[None, :]
+    mask_h1 = mask_k[:, None] & (o_v + BV < V)[None, :]
+    tile = o_k[:, None] * V + o_v[None, :]
+
+    if i_g == 0:  # skipped rows (padded slots): zeros, so that nothing downstream reads garbage
+        for z in range(0, NZ):
+            p_z = o + (tl.load(zero + z).to(tl.int64) * HV + i_hv) * V + o_v
+            tl.store(p_z, tl.zeros([BV], dtype=o.dtype.element_ty), mask=o_v < V)
+            if TILES == 2:
+                tl.store(p_z + BV, tl.zeros([BV], dtype=o.dtype.element_ty), mask=o_v + BV < V)
+    if PACKED:  # this program walks the paths of group i_g back to back (``tree_plan.pack_paths``)
+        for j in range(0, GM):
+            i_p = tl.load(group + i_g * GM + j).to(tl.int64)
+            if i_p >= 0:
+                _path(q, k, v, g, beta, o, h0, h0_idx, cut, nodes, lens, start, write, cutidx, side, sided,
+                      scale, L, i_p, i_h, i_hv, o_k, o_v, mask_h, mask_h1, tile, H, HV, K, V, BV, TILES,
+                      USE_QK_L2NORM_IN_KERNEL, HAS_CUT, SIDE)  # fmt: skip
+    else:
+        _path(q, k, v, g, beta, o, h0, h0_idx, cut, nodes, lens, start, write, cutidx, side, sided, scale, L,
+              i_g, i_h, i_hv, o_k, o_v, mask_h, mask_h1, tile, H, HV, K, V, BV, TILES,
+              USE_QK_L2NORM_IN_KERNEL, HAS_CUT, SIDE)  # fmt: skip
 
 
 _workspace: dict[tuple[str, int], torch.Tensor] = {}
@@ -340,6 +374,7 @@ def tree_gdn(
     config: TreeScanConfig = DEFAULT_CONFIG,
     cut_buffer: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    skip: Sequence[int] = (),
 ) -> tuple[torch.Tensor, None]:
     """Tree scan outputs o [1, R, HV, V]; see the module docstring for shapes and conventions.
 
@@ -350,7 +385,8 @@ def tree_gdn(
     state_indices [N_seq] int: row of ``initial_state`` for each sequence (None = row s for sequence s),
     so a layer's state pool slice can be passed without gathering. ``cut_buffer`` (fp32, at least
     N_cut * HV * K * V elements) overrides the shared workspace; ``out`` (like v) receives o. Node states
-    are never returned.
+    are never returned. ``skip`` (read with ``parents`` only): rows not computed, o = 0 there (a tree's
+    padded slots; see ``plan_paths``).
     """
     if output_node_states:
         raise ValueError("the Triton tree scan returns outputs only; use tree_gdn_ref for node states")
@@ -359,13 +395,13 @@ def tree_gdn(
         o, _ = tree_gdn(
             q[None], k[None], v[None], g[None], beta[None], parents, initial_state[None], scale, plan,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cut_buffer=cut_buffer,
-            out=None if out is None else out[None],
+            out=None if out is None else out[None], skip=skip,
         )  # fmt: skip
         return o[0], None
     if plan is None:
         if parents is None:
             raise ValueError("need parents or a plan")
-        plan = plan_paths(parents, cu_seqlens, mode=config.plan_mode)
+        plan = plan_paths(parents, cu_seqlens, mode=config.plan_mode, skip=skip)
     B, R, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert B == 1 and R == plan.num_rows, f"q {tuple(q.shape)} vs plan of {plan.num_rows} rows"
@@ -383,6 +419,8 @@ def tree_gdn(
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
     levels = plan.on(device)
+    groups = plan.groups(config.pack, device)
+    zero = plan.zero_rows(device)
     need = plan.num_cut * HV * K * V
     if cut_buffer is None:
         cut_buffer = cut_workspace(device, need)
@@ -400,22 +438,25 @@ def tree_gdn(
             torch.cuda.stream(side_stream) if side_stream is not None and i > 0 else contextlib.nullcontext()
         )
         with ctx:
-            _launch(lv, q, k, v, g, beta, o, initial_state, state_indices, cut_buffer, scale, H, HV, K, V, BK,
-                    BV, config, use_qk_l2norm_in_kernel)  # fmt: skip
+            _launch(lv, groups[i], zero if i == 0 else None, q, k, v, g, beta, o, initial_state,
+                    state_indices, cut_buffer, scale, H, HV, K, V, BK, BV, config,
+                    use_qk_l2norm_in_kernel)  # fmt: skip
     if main is not None and side_stream is not None:  # join: the outputs are complete in stream order
         main.wait_stream(side_stream)
     return o, None
 
 
 def _launch(
-    lv: LevelPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    lv: LevelPlan, group: torch.Tensor | None, zero: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+    v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     o: torch.Tensor, initial_state: torch.Tensor, state_indices: torch.Tensor, cut_buffer: torch.Tensor,
     scale: float, H: int, HV: int, K: int, V: int, BK: int, BV: int, config: TreeScanConfig,
     use_qk_l2norm_in_kernel: bool,
 ) -> None:  # fmt: skip
-    """One level's launch (on the current stream)."""
+    """One level's launch (on the current stream): one program per (path or path group, head, tile)."""
     NT = triton.cdiv(triton.cdiv(V, BV), config.tiles)
-    _tree_scan_kernel[(lv.num_paths * HV * NT,)](
+    programs = lv.num_paths if group is None else group.shape[0]
+    _tree_scan_kernel[(programs * HV * NT,)](
         q,
         k,
         v,
@@ -432,8 +473,12 @@ def _launch(
         lv.cut,
         lv.nodes if lv.side is None else lv.side,
         lv.lens if lv.sided is None else lv.sided,
+        lv.lens if group is None else group,
+        lv.lens if zero is None else zero,
         scale,
         lv.max_len,
+        1 if group is None else group.shape[1],
+        0 if zero is None else zero.numel(),
         H=H,
         HV=HV,
         K=K,
@@ -444,6 +489,7 @@ def _launch(
         USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         HAS_CUT=bool(lv.has_cut),
         SIDE=lv.num_side,
+        PACKED=group is not None,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         maxnreg=config.maxnreg or None,

@@ -11,6 +11,8 @@ import torch
 from .upload import to_device
 
 Mode = Literal["prefill", "decode", "tree"]
+TreeKey = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
+"""(parents, padded rows) per sequence: ``ForwardBatch.tree_key``."""
 
 
 @dataclass
@@ -45,6 +47,9 @@ class ForwardBatch:
     """``context_lens`` on the host (required for prefill and tree)."""
     parents_host: list[list[int]] | None = None
     """Per-sequence local parents on the host (tree mode)."""
+    padded_host: list[tuple[int, ...]] | None = None
+    """Tree mode: per sequence, local rows never sampled (``TreeTopology.padded_rows``). The GDN scan skips
+    them and leaves their output zero, so their logits mean nothing; None = every row computed."""
 
     def __post_init__(self) -> None:
         R = self.input_ids.shape[0]
@@ -67,6 +72,15 @@ class ForwardBatch:
             for par in self.parents_host:
                 assert all(-1 <= p < i for i, p in enumerate(par)), "parents must precede children"
                 assert par and par[0] == -1 and all(p >= 0 for p in par[1:]), "one root at row 0"
+            assert self.padded_host is None or len(self.padded_host) == S, "padded rows per sequence"
+
+    @property
+    def tree_key(self) -> TreeKey:
+        """What a tree-mode forward's launches depend on besides its tensors: the shapes and padded rows
+        (the key of its CUDA graphs)."""
+        parents = tuple(tuple(p) for p in self.parents_host or [])
+        padded = self.padded_host if self.padded_host is not None else [()] * len(parents)
+        return parents, tuple(tuple(p) for p in padded)
 
     @property
     def num_seqs(self) -> int:
@@ -88,6 +102,7 @@ class ForwardBatch:
         parents: Sequence[Sequence[int]] | None = None,
         device: torch.device | str = "cpu",
         table_width: int | None = None,
+        padded: Sequence[Sequence[int]] | None = None,
     ) -> ForwardBatch:
         """Pack per-sequence token lists. Row j of a sequence is stored at the slot of logical position
         context_len + j (for trees too: the spine-contiguous layout that makes committing a spine free).
@@ -139,4 +154,5 @@ class ForwardBatch:
             seq_lens_host=[len(x) for x in tokens],
             context_lens_host=list(context_lens),
             parents_host=[list(p) for p in parents] if mode == "tree" and parents is not None else None,
+            padded_host=None if padded is None else [tuple(p) for p in padded],
         )

@@ -237,9 +237,10 @@ class StateCaches:
         context_lens: Sequence[int],
         parents: Sequence[Sequence[int]] | None = None,
         table_width: int | None = None,
+        padded: Sequence[Sequence[int]] | None = None,
     ) -> ForwardBatch:
         """A ``ForwardBatch`` for these sequences, growing their KV room to hold the new rows (block tables
-        padded to ``table_width`` when given)."""
+        padded to ``table_width`` when given; ``padded``: tree rows never sampled, see ``ForwardBatch``)."""
         for sid, toks, ctx in zip(seq_ids, tokens, context_lens, strict=True):
             self.extend(sid, ctx + len(toks))
         return ForwardBatch.build(
@@ -252,4 +253,5 @@ class StateCaches:
             parents,
             self.device,
             table_width,
+            padded,
         )

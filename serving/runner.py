@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from lumotree.kernels import dispatch
-from lumotree.serving.batch import ForwardBatch
+from lumotree.serving.batch import ForwardBatch, TreeKey
 from lumotree.serving.cache import StateCaches
 from lumotree.serving.graphs import StaticGraphs, capture
 from lumotree.serving.model import HybridModel
@@ -94,7 +94,7 @@ class ModelRunner:
         sizes = sorted({s for s in config.graph_batch_sizes if s < config.max_seqs} | {config.max_seqs})
         self.sizes = sizes
         self.graphs: dict[int, _Graph] = {}
-        self.tree_graphs: dict[tuple[tuple[int, ...], ...], _TreeGraph] = {}
+        self.tree_graphs: dict[TreeKey, _TreeGraph] = {}
         probe = torch.zeros(1, device=self.device)
         # Tree graphs need the fused tree-attention kernel: the reference reads host context lengths.
         self.tree_capture = use_graphs and dispatch.use_fused(probe)
@@ -228,7 +228,7 @@ class ModelRunner:
         when one is (or can be) captured."""
         assert batch.mode == "tree" and batch.parents_host is not None
         self._last_tree = None
-        key = tuple(tuple(p) for p in batch.parents_host)
+        key = batch.tree_key
         tg = self.tree_graphs.get(key)
         if tg is None and self.static and len(self.tree_graphs) < self.config.max_tree_graphs:
             tg = self.tree_graphs[key] = self._new_tree(batch)
@@ -270,15 +270,14 @@ class ModelRunner:
         drafter still runs, so that after the drafts reach the host nothing but the tokens stands between
         them and the verify graph. The copies queue behind the drafter on the stream; the previous verify and
         commit, the only readers of these buffers, finished with the previous step."""
-        key = tuple(tuple(p) for p in batch.parents_host or [])
-        tg = self.tree_graphs.get(key)
+        tg = self.tree_graphs.get(batch.tree_key)
         if tg is not None and tg.graph is not None:
             self._fill_tree(tg, batch)
             tg.staged = batch
 
     def staged_input(self, batch: ForwardBatch) -> torch.Tensor | None:
         """The static token buffer of the graph that ``stage_tree`` prepared for ``batch``, if any."""
-        tg = self.tree_graphs.get(tuple(tuple(p) for p in batch.parents_host or []))
+        tg = self.tree_graphs.get(batch.tree_key)
         return tg.batch.input_ids if tg is not None and tg.staged is batch else None
 
     def disable_capture(self, error: str) -> None:
@@ -320,6 +319,7 @@ class ModelRunner:
             seq_lens_host=list(batch.seq_lens_host or []),
             context_lens_host=list(batch.context_lens_host or []),
             parents_host=[list(p) for p in batch.parents_host or []],
+            padded_host=None if batch.padded_host is None else list(batch.padded_host),
         )
         return _TreeGraph(static)
 

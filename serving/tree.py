@@ -273,9 +273,15 @@ class TreeTopology:
             self._cache[key] = m.to(device)
         return self._cache[key]  # type: ignore[no-any-return]
 
+    @property
+    def padded_rows(self) -> tuple[int, ...]:
+        """Rows never sampled (whole subtrees, since an active row's parent is active): the verify forward
+        skips them in the GDN scan and leaves their outputs zero."""
+        return tuple(i for i, on in enumerate(self.default_active) if not on)
+
     def plan(self, mode: str = "auto") -> PathPlan:
-        """The GDN scan plan of this tree (cached in kernels.tree_plan per topology)."""
-        return plan_paths(self.parents, mode=mode)
+        """The GDN scan plan of this tree, padded rows skipped (cached in kernels.tree_plan per topology)."""
+        return plan_paths(self.parents, mode=mode, skip=self.padded_rows)
 
     def tensor(self, what: str, device: torch.device | str = "cpu") -> torch.Tensor:
         """Cached device copies of ``parents`` (int64), ``depth`` (int64) or ``default_active`` (bool)."""

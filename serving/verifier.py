@@ -50,19 +50,24 @@ def tree_skeleton(
     seq_ids: Sequence[int | str],
     prefix_lens: Sequence[int],
     parents: Sequence[Sequence[int]],
+    padded: Sequence[Sequence[int]] | None = None,
 ) -> ForwardBatch:
     """The tree-mode batch of these shapes with zero token ids: slots, positions and tables from the
     shared builder (host shapes only). The tokens go in afterwards from the device, so the drafter's
-    tokens never travel to the host for packing."""
+    tokens never travel to the host for packing. ``padded``: each tree's rows never sampled."""
     assert len(seq_ids) == len(prefix_lens) == len(parents) and seq_ids
     tokens = [[0] * len(p) for p in parents]
-    return caches.make_batch("tree", list(seq_ids), tokens, list(prefix_lens), [list(p) for p in parents])
+    return caches.make_batch(
+        "tree", list(seq_ids), tokens, list(prefix_lens), [list(p) for p in parents], padded=padded
+    )
 
 
 def _shape_key(
-    seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]]
-) -> tuple[Any, ...]:
-    return tuple(seq_ids), tuple(prefix_lens), tuple(tuple(p) for p in parents)
+    seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]],
+    padded: Sequence[Sequence[int]] | None,
+) -> tuple[Any, ...]:  # fmt: skip
+    pad = tuple(tuple(p) for p in padded) if padded is not None else tuple(() for _ in parents)
+    return tuple(seq_ids), tuple(prefix_lens), tuple(tuple(p) for p in parents), pad
 
 
 def tree_forward_batch(
@@ -76,8 +81,9 @@ def tree_forward_batch(
     assert len(seq_ids) == len(descriptors) and descriptors
     if skeleton is None:
         skeleton = tree_skeleton(
-            caches, seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors]
-        )
+            caches, seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors],
+            [d.topology.padded_rows for d in descriptors],
+        )  # fmt: skip
     batch = skeleton
     dev = batch.input_ids.device
     ids = [d.token_ids.to(dev) for d in descriptors]
@@ -101,12 +107,14 @@ class Verifier:
         """(shape key, batch) of ``prepare``."""
 
     def prepare(
-        self, seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]]
-    ) -> None:
+        self, seq_ids: Sequence[int | str], prefix_lens: Sequence[int], parents: Sequence[Sequence[int]],
+        padded: Sequence[Sequence[int]] | None = None,
+    ) -> None:  # fmt: skip
         """Build the batch of trees whose shapes are known before their tokens (a fixed tree), while the
-        drafter still runs on the device; the next ``verify`` of exactly these shapes uses it."""
-        skeleton = tree_skeleton(self.caches, seq_ids, prefix_lens, parents)
-        self._ahead = (_shape_key(seq_ids, prefix_lens, parents), skeleton)
+        drafter still runs on the device; the next ``verify`` of exactly these shapes (and padded rows,
+        ``TreeTopology.padded_rows``) uses it."""
+        skeleton = tree_skeleton(self.caches, seq_ids, prefix_lens, parents, padded)
+        self._ahead = (_shape_key(seq_ids, prefix_lens, parents, padded), skeleton)
         if self.runner is not None:
             self.runner.stage_tree(skeleton)
 
@@ -119,7 +127,8 @@ class Verifier:
 
     def verify(self, seq_ids: Sequence[int | str], descriptors: Sequence[TreeDescriptor]) -> VerifyOutput:
         ahead, self._ahead = self._ahead, None
-        key = _shape_key(seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors])
+        key = _shape_key(seq_ids, [d.prefix_len for d in descriptors], [d.parents for d in descriptors],
+                         [d.topology.padded_rows for d in descriptors])  # fmt: skip
         batch = tree_forward_batch(
             self.caches, seq_ids, descriptors, ahead[1] if ahead and ahead[0] == key else None
         )

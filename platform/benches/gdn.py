@@ -102,7 +102,7 @@ def run_gdn_bench(
     accept_depth: int,
     warmup: int,
     iters: int,
-    configs: list[dict[str, int]],
+    configs: list[dict[str, float]],
     log: Any = print,
     plan_modes: tuple[str, ...] = SWEPT_PLANS,
 ) -> dict[str, Any]:
@@ -227,7 +227,7 @@ def run_gdn_bench(
     sweep_outs = []  # each config's outputs, checked against native decoding below
     for mode in plans:
         for knob_values in configs:
-            cfg = tree_scan.TreeScanConfig(plan_mode=mode, **knob_values)
+            cfg = tree_scan.TreeScanConfig(plan_mode=mode, **knob_values)  # type: ignore[arg-type]
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
             for gm in modes_graph:
@@ -443,13 +443,13 @@ def _table(res: dict[str, Any], console: Any) -> None:
     console.print(res["accuracy"])
 
 
-SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages")
-"""The integer fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
+SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
+"""The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
 
-def _parse_config(text: str) -> dict[str, int]:
+def _parse_config(text: str) -> dict[str, float]:
     """``BV:warps[:tiles][/knob=value...]`` -> every knob of ``SCAN_KNOBS`` (the rest at
     ``TreeScanConfig``'s defaults), e.g. ``8:1:2/maxnreg=128``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
@@ -468,9 +468,11 @@ def _parse_config(text: str) -> dict[str, int]:
         if key not in SCAN_KNOBS:
             raise ValueError(f"{text!r}: unknown knob {key!r}; knobs are {SCAN_KNOBS}")
         try:
-            values[key] = int(val)
+            values[key] = type(getattr(base, key))(val)
         except ValueError:
-            raise ValueError(f"{text!r}: {key} must be an integer, not {val!r}") from None
+            raise ValueError(
+                f"{text!r}: {key} must be a number like {getattr(base, key)}, not {val!r}"
+            ) from None
     if values["block_v"] < 1 or values["num_warps"] < 1 or values["tiles"] not in (1, 2):
         raise ValueError(f"{text!r}: BV and warps must be positive, tiles 1 or 2")
     if values["maxnreg"] and not 24 <= values["maxnreg"] <= 255:
@@ -478,7 +480,7 @@ def _parse_config(text: str) -> dict[str, int]:
     return values
 
 
-def _config_text(values: dict[str, int]) -> str:
+def _config_text(values: dict[str, float]) -> str:
     """The ``--configs`` item of a knob set (defaults left out)."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 

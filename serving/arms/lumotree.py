@@ -73,9 +73,9 @@ class LumoTreeArm(ChainedArm):
         staged = None
         if self.tree == "hydra27":  # host work while the drafter runs
             if self.verifier is not None:
-                shape = hydra27().parents
+                shape, padded = hydra27().parents, hydra27().padded_rows
                 self.verifier.prepare([r.req_id for r in requests], [r.context_len for r in requests],
-                                      [shape] * len(requests))  # fmt: skip
+                                      [shape] * len(requests), [padded] * len(requests))  # fmt: skip
                 staged = self.verifier.staged_input()
             for r in requests:
                 look_ahead_fixed(hydra27(), r.pending_token, self.depth, self.topk, self.suffix[r.req_id])

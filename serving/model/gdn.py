@@ -87,7 +87,9 @@ class GatedDeltaNet(nn.Module):
             o = o[0]
         else:
             assert batch.parents_host is not None
-            o = dispatch.gdn_tree_batch(q, k, v, g, beta, batch.parents_host, pool, rows, self.scale)
+            o = dispatch.gdn_tree_batch(
+                q, k, v, g, beta, batch.parents_host, pool, rows, self.scale, batch.padded_host
+            )
         y = self.norm(o, z, x.dtype)
         return linear(y.reshape(R, self.value_dim), self.out_proj)
 

@@ -139,3 +139,43 @@ def test_auto_mode_picks_one_launch_only_when_recomputation_stays_small() -> Non
     assert auto.mode == "levels" and sum(auto.path_lengths) == len(comb)
     with pytest.raises(ValueError, match="unknown plan mode"):
         plan_paths(HYDRA, mode="bogus")
+
+
+def test_skipped_padded_rows_leave_every_path(shared_data) -> None:
+    """hydra27's four padded slots (the tail under root runner-up 2) are dropped from every plan, which
+    shortens that route from 8 to 4 updates; skipping must keep whole subtrees and the roots."""
+    import json
+
+    spec = json.loads((shared_data / "trees" / "hydra27_fixed32.json").read_text())
+    skip = [1 + i for i, on in enumerate(spec["active"]) if not on]
+    assert skip == [18, 23, 25, 27]
+    full, cut = plan_paths(HYDRA, mode="sidecar"), plan_paths(HYDRA, mode="sidecar", skip=skip)
+    assert (full.updates, cut.updates) == (39, 35)
+    assert sorted(len(r) for lv in cut.paths for _, r in lv) == [4, 5, 6, 12]
+    for mode in ("levels", "flat", "side", "split"):
+        plan = plan_paths(HYDRA, mode=mode, skip=skip)
+        rows = {n for lv in plan.paths for _, r in lv for n in r}
+        rows |= {int(n) for lv in plan.levels if lv.side is not None for n in lv.side.flatten() if n >= 0}
+        assert rows == set(range(32)) - set(skip), mode
+    with pytest.raises(ValueError, match="parent 18 is skipped"):
+        plan_paths(HYDRA, skip=[18])
+    with pytest.raises(ValueError, match="root"):
+        plan_paths(HYDRA, skip=[0])
+    with pytest.raises(ValueError, match="outside"):
+        plan_paths(HYDRA, skip=[32])
+
+
+def test_pack_paths_balances_short_paths_into_fewer_programs() -> None:
+    from lumotree.kernels.tree_plan import pack_paths
+
+    # hydra27's sidecar plan without its padded rows: 13 (5 steps + 8 side leaves), 12, 6, 4
+    assert pack_paths([13, 12, 6, 4], 1.5) == [[1, 2], [0, 3]]
+    assert pack_paths([13, 12, 6, 4], 0.0) is None  # off
+    assert pack_paths([12], 1.5) is None  # one path
+    assert pack_paths([5, 5, 5], 1.0) is None  # nothing fits beside the longest
+    groups = pack_paths([9, 1, 1, 1, 1, 1, 1, 1, 1, 1], 1.0)
+    assert groups is not None and sorted(i for g in groups for i in g) == list(range(10))
+    assert max(sum([9, 1, 1, 1, 1, 1, 1, 1, 1, 1][i] for i in g) for g in groups) <= 9
+    plan = plan_paths(HYDRA, mode="sidecar", skip=[18, 23, 25, 27])
+    (grp,) = plan.groups(1.5, "cpu")
+    assert grp is not None and grp.tolist() == [[1, 2], [0, 3]]  # spine + 6, sidecar + 4 (launch order)

@@ -17,6 +17,7 @@ from lumotree.kernels.tree_scan_ref import paired_rule_ok, tree_gdn_float64, tre
 
 HYDRA_DRAFT_PARENT = [-1, -1, -1, 0, 0, 0, 1, 2, 3, 3, 3, 6, 7, 8, 8, 8, 11, 12, 13, 13, 13, 16, 17, 18, 22,
                       23, 24, 25, 27, 28, 29]  # fmt: skip
+HYDRA_ACTIVE = [i not in (17, 22, 24, 26) for i in range(31)]  # hydra27_fixed32's "active" (draft nodes)
 
 
 def _scan_module():
@@ -103,23 +104,48 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-    cfg = lambda tiles, mode: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode)
-    run = lambda tiles, mode: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=cfg(tiles, mode))[0]
+    cfg = lambda tiles, mode, pack: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, pack=pack)
+    run = lambda tiles, mode, pack=0.0: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25,
+                                                    config=cfg(tiles, mode, pack))[0]  # fmt: skip
     base = run(1, "levels")
     ref = tree_gdn_ref(q, k, v, g, beta, parents, h0, 0.25)[0]
     torch.testing.assert_close(base, ref, rtol=1e-5, atol=1e-5)
-    for tiles, mode in (
-        (2, "levels"),
-        (1, "flat"),
-        (2, "auto"),
-        (1, "side"),
-        (2, "side"),
-        (2, "sidecar"),
-        (1, "split"),
+    for tiles, mode, pack in (
+        (2, "levels", 0.0),
+        (1, "levels", 1.5),
+        (1, "flat", 1.0),
+        (2, "auto", 1.5),
+        (2, "side", 1.5),
+        (1, "sidecar", 0.0),
+        (1, "split", 2.0),
     ):
-        assert torch.equal(run(tiles, mode), base), (tiles, mode)
+        assert torch.equal(run(tiles, mode, pack), base), (tiles, mode, pack)
     with pytest.raises(AssertionError, match="tiles"):
         ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
+
+
+@pytest.mark.parametrize("mode", ["levels", "sidecar", "split"])
+def test_skipped_rows_are_zero_and_the_rest_unchanged(mode: str) -> None:
+    """hydra27's padded slots skipped (packed or not): every other row keeps its bits, the skipped ones are
+    written as zeros (over NaN, so an unwritten row would show), in a batch beside an unskipped chain."""
+    ts = _scan_module()
+    a, b = TREES["hydra27"], [-1, 0, 1]
+    parents, cu = a + b, [0, len(a), len(a) + len(b)]
+    n = len(parents)
+    q, k, v, g, beta, pool = make_inputs(n, 2, h=1, hv=2, kd=16, vd=16, seed=5)
+    skip = [1 + i for i, on in enumerate(HYDRA_ACTIVE) if not on]
+    kw = dict(cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    full, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=ts.TreeScanConfig(plan_mode=mode), **kw)
+    keep = [r for r in range(n) if r not in skip]
+    for pack in (0.0, 1.5):
+        out = torch.full_like(v, float("nan"))
+        cfg = ts.TreeScanConfig(plan_mode=mode, pack=pack)
+        ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg, out=out, skip=skip, **kw)
+        assert torch.equal(out[:, keep], full[:, keep]), (mode, pack)
+        assert torch.equal(out[:, skip], torch.zeros_like(out[:, skip])), (mode, pack)
+    plan = tree_plan.plan_paths(parents, cu, mode=mode, skip=skip)
+    assert plan.skipped == tuple(skip)
+    assert not {r for lv in plan.paths for _, rows in lv for r in rows} & set(skip)
 
 
 def test_batched_trees_with_state_indices_and_bf16() -> None:
@@ -163,7 +189,8 @@ def test_config_from_env_overrides_the_defaults_and_rejects_bad_input() -> None:
     assert ts.TreeScanConfig().tiles != 2
     assert (cfg.plan_mode, cfg.tiles, cfg.block_v) == ("split", 2, ts.TreeScanConfig().block_v)
     assert ts.TreeScanConfig.from_env("") == ts.TreeScanConfig()
-    for bad, msg in (("tiles", "field=value"), ("warps=2", "field=value"), ("tiles=two", "integer"),
+    assert ts.TreeScanConfig.from_env("pack=0.5").pack == 0.5
+    for bad, msg in (("tiles", "field=value"), ("warps=2", "field=value"), ("tiles=two", "number"),
                      ("plan_mode=packed", "plan_mode")):  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             ts.TreeScanConfig.from_env(bad)

@@ -158,9 +158,26 @@ def test_a_batch_prepared_ahead_serves_only_its_own_shapes(tiny) -> None:
     want = ver.verify([0], [d]).logits.clone()
     for prefix, used in ((ctx, True), (ctx + 1, False)):
         _restore(caches, snap)
-        ver.prepare([0], [prefix], [hydra27().parents])
+        ver.prepare([0], [prefix], [hydra27().parents], [hydra27().padded_rows])
         ahead = ver._ahead
         assert ahead is not None
         out = ver.verify([0], [d])
         assert (out.batch is ahead[1]) == used and ver._ahead is None
         assert torch.equal(out.logits, want)
+
+
+def test_padded_rows_are_skipped_without_touching_the_sampled_ones(tiny) -> None:
+    """The verify forward skips hydra27's padded slots in the GDN scan (their outputs zero): every row that
+    can be sampled has the logits of the forward that computes all 32 rows, bit for bit."""
+    model, caches, snap = tiny
+    d = _hydra(root=11, prefix=len(PROMPT), seed=4)
+    pad = list(d.topology.padded_rows)
+    keep = [r for r in range(d.num_rows) if r not in pad]
+    assert len(pad) == 4 and all(not d.active_mask[r] for r in pad)
+    skipped = Verifier(model, caches).verify([0], [d])
+    assert skipped.batch.padded_host == [tuple(pad)]
+    _restore(caches, snap)
+    batch = caches.make_batch("tree", [0], [d.token_ids.tolist()], [d.prefix_len], [list(d.parents)])
+    full = model.compute_logits(model(batch, caches))
+    assert torch.equal(skipped.logits[keep], full[keep])
+    assert not torch.equal(skipped.logits[pad], full[pad])  # they were not computed
