@@ -54,9 +54,11 @@ class TreeScanConfig:
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
     faster of the two for hydra27 on the H200 since that unroll: 0.95 against 1.15 ms per 48 layers)."""
-    pack: float = 1.5
+    pack: float = 0.0
     """Paths walked back to back by one program (``tree_plan.pack_paths``): a program's node updates stay
-    within ``pack`` times the longest path's; 0 = one path per program."""
+    within ``pack`` times the longest path's; 0 = one path per program. Off by default: on the H200 the
+    sidecar scan of hydra27 (padded rows skipped) took 0.869 ms unpacked, 0.888 at 1.5 and 1.103 at 1.0
+    (BENCHMARKS.md, run 10); fewer, longer programs lose more latency hiding than the second wave costs."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
