@@ -31,13 +31,14 @@ def typed(**groups):
     return {n: t for t, names in groups.items() for n in names.split()}
 
 
-sig = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0 cut", "fp32": "scale", "i32": "L",
-               "*i32": "h0_idx nodes lens start write cutidx side sided"})
-for bv, tiles, side, cuts in ((8, 1, 0, False), (8, 1, 2, False), (8, 2, 0, True), (8, 2, 2, False),
-                             (8, 1, 1, False), (16, 1, 0, True)):
+sig = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0 cut", "fp32": "scale", "i32": "L GM NZ",
+               "*i32": "h0_idx nodes lens start write cutidx side sided group zero"})
+for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, False),
+                                      (8, 2, 0, True, False), (8, 2, 2, False, True), (8, 1, 1, False, False),
+                                      (16, 1, 0, True, False), (8, 1, 2, False, True)):
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
-                                                 SIDE=side))
+                                                 SIDE=side, PACKED=packed))
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
 for replay in (False, True):
     build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))
