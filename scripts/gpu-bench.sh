@@ -4,7 +4,8 @@
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
 # Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
-# times scan knob sets (GDN_CONFIGS overrides them); step probe times a node of the scan taken apart
+# times scan knob sets (GDN_CONFIGS overrides them); step profile_graphs profiles CUDA-graph steps, whose
+# device idle gaps show the host work a step cannot hide; step probe times a node of the scan taken apart
 # (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
 # and a failing step is recorded and skipped so one broken piece never costs the others).
@@ -22,7 +23,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_sweep ncu_scan probe arms arms_gather profile profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_sweep ncu_scan probe arms arms_gather profile profile_graphs profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -62,6 +63,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \
       --arms ar,mtp5_dv,lumotree_dv --json --out "$out/profile_27b.json" ;;
+    profile_graphs) run_step profile_graphs 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \
+      --arms mtp5_dv,lumotree_dv --cuda-graphs --json --out "$out/profile_27b_graphs.json" ;;
     profile_tiny) run_step profile_tiny 300 bash -c "${lt[*]} bench profile --model tiny --device cuda \
       --arms ar,mtp5,eagle,lumotree --cuda-graphs --json --out '$out/profile_tiny_graphs.json' && \
       ${lt[*]} bench profile --model tiny --device cuda --arms ar,mtp5,eagle,lumotree --json \

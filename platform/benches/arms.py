@@ -3,7 +3,8 @@
 A random-weight model (``bench decode``'s shapes plus one MTP layer; a random EAGLE head of the same shapes),
 batch 1, one request with a ``--prompt-len`` prefix. Part 1 times whole engine steps of AR (CUDA-graph decode
 where the engine captures it), MTP-5, EAGLE (7 steps) and LumoTree (hydra27, all 32 rows verified) and splits
-them into the engine's device-timed spans (drafting, target forward, sampling, commit). Random weights accept
+them into the engine's device-timed spans (drafting, target forward, sampling, commit); the arms take turns
+in ``--rounds`` blocks of steps, so that they share the machine's slow drifts. Random weights accept
 nothing; a step's cost does not depend on acceptance except through the commit, which part 2 times for an
 accepted length of 1 and for the full spine. Part 2 verifies forced trees (every row active) through the
 engine's verifier: chains and bushy trees of 8, 16, 32 and 64 nodes and hydra27, timing the tree forward,
@@ -79,25 +80,36 @@ def arm_runs(draft_vocab: int) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def time_arms(model: Any, eagle_head: Any, prompt_len: int, steps: int, warmup: int, graphs: bool,
-              draft_vocab: int = 0) -> dict:  # fmt: skip
-    """Median engine step and per-span means of every arm (batch 1)."""
-
-    sync = _Sync(model.embed_tokens.weight.device)
+              draft_vocab: int = 0, rounds: int = 1) -> dict:  # fmt: skip
+    """Median engine step and per-span means of every arm (batch 1). Every arm's engine is built and warmed
+    up first; the timed steps then run in ``rounds`` blocks, taken by the arms in turn, so that a drift of
+    the machine's speed during the run reaches every arm alike (the ratios compare the same minutes)."""
+    assert 1 <= rounds <= steps, (rounds, steps)
+    device = model.embed_tokens.weight.device
+    sync = _Sync(device)
     vocab = model.config.vocab_size
     prompt = [(7 * i + 3) % vocab for i in range(prompt_len)]
     out: dict[str, Any] = {}
+    timers: dict[str, _ArmTimer] = {}
     for name, (arm, opts) in arm_runs(draft_vocab).items():
         try:
-            res = _time_arm(model, arm, opts, eagle_head, prompt, steps, warmup, graphs, sync)
-            if res["graph_error"]:  # a failed capture times eager steps: once more in a fresh engine
-                first = res["graph_error"]
-                res = _time_arm(model, arm, opts, eagle_head, prompt, steps, warmup, graphs, sync)
-                res["failed_capture_retried"] = first
-            out[name] = res
+            timers[name] = _ArmTimer(model, arm, opts, eagle_head, prompt, steps, warmup, graphs)
         except Exception as e:  # one failing arm must not hide the others' numbers
             out[name] = {"error": f"{type(e).__name__}: {e}"}
-        _collect(model.embed_tokens.weight.device)
-    return out
+            _collect(device)
+    for i in range(rounds):
+        for name, t in list(timers.items()):
+            try:
+                t.run(steps // rounds + (i < steps % rounds), sync)
+            except Exception as e:
+                out[name] = {"error": f"{type(e).__name__}: {e}"}
+                del timers[name]
+                _collect(device)
+    for name, t in timers.items():
+        out[name] = t.result()
+        t.close()
+    _collect(device)
+    return {name: out[name] for name in arm_runs(draft_vocab) if name in out}
 
 
 MAX_STEP_TOKENS = 65
@@ -123,31 +135,58 @@ def arm_engine(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prom
     return eng, req
 
 
-def _time_arm(model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int], steps: int,
-              warmup: int, graphs: bool, sync: _Sync) -> dict[str, Any]:  # fmt: skip
-    from lumotree.serving.metrics import SPANS
+class _ArmTimer:
+    """One arm's engine with its request, warmed up, timed block by block (``time_arms``)."""
 
-    eng, req = arm_engine(model, arm, opts, eagle_head, prompt, warmup + steps, graphs)
-    for _ in range(warmup):
-        eng.step()
-    before = dict(eng.counters.span_seconds)
-    n0, g0 = eng.counters.decode_steps, eng.counters.generation_tokens
-    ms = [sync.time(eng.step)[0] for _ in range(steps)]
-    eng.timer.collect(eng.counters)
-    n = eng.counters.decode_steps - n0
-    spans = {s: (eng.counters.span_seconds[s] - before[s]) * 1e3 / n for s in SPANS}
-    fn = eng.runner.fn_graphs
-    # tokens per step say how much of the tree the random model's text accepts (host work follows it)
-    tps = (eng.counters.generation_tokens - g0) / n
-    res = {"step": _ms(ms), "spans_mean_ms": spans, "tokens_per_step": tps,
-           "verify_rows": eng.arm.max_tree_rows(),
-           "cuda_graph_decode": bool(eng.runner.graphs),
-           "cuda_graph_verify": sum(t.graph is not None for t in eng.runner.tree_graphs.values()),
-           "cuda_graph_commit": sum(t.commit_graph is not None for t in eng.runner.tree_graphs.values()),
-           "cuda_graph_draft": sum(e is not None and e.graph is not None for e in fn.entries.values())
-           if fn is not None else 0, "graph_error": eng.runner.graph_error}  # fmt: skip
-    eng.abort(req.req_id)
-    return res
+    def __init__(self, model: Any, arm: str, opts: dict[str, Any], eagle_head: Any, prompt: list[int],
+                 steps: int, warmup: int, graphs: bool) -> None:  # fmt: skip
+        from lumotree.serving.metrics import SPANS
+
+        def start() -> tuple[Any, Any]:
+            eng, req = arm_engine(model, arm, opts, eagle_head, prompt, warmup + steps, graphs)
+            for _ in range(warmup):
+                eng.step()
+            return eng, req
+
+        self.eng, self.req = start()
+        self.retried: str | None = None
+        if self.eng.runner.graph_error:  # a failed capture would time eager steps: once more, fresh engine
+            self.retried = self.eng.runner.graph_error
+            self.close()
+            self.eng, self.req = start()
+        self.ms: list[float] = []
+        self.spans = dict.fromkeys(SPANS, 0.0)
+        self.steps = self.tokens = 0
+
+    def run(self, n: int, sync: _Sync) -> None:
+        """Time ``n`` more engine steps (each between device syncs)."""
+        c = self.eng.counters
+        self.eng.timer.collect(c)  # the previous block ended synced: all of its spans are in
+        before, n0, g0 = dict(c.span_seconds), c.decode_steps, c.generation_tokens
+        self.ms += [sync.time(self.eng.step)[0] for _ in range(n)]
+        self.eng.timer.collect(c)
+        for s in self.spans:
+            self.spans[s] += c.span_seconds[s] - before[s]
+        self.steps += c.decode_steps - n0
+        self.tokens += c.generation_tokens - g0
+
+    def result(self) -> dict[str, Any]:
+        eng, n = self.eng, self.steps
+        fn = eng.runner.fn_graphs
+        # tokens per step say how much of the tree the random model's text accepts (host work follows it)
+        res = {"step": _ms(self.ms), "spans_mean_ms": {s: v * 1e3 / n for s, v in self.spans.items()},
+               "tokens_per_step": self.tokens / n, "verify_rows": eng.arm.max_tree_rows(),
+               "cuda_graph_decode": bool(eng.runner.graphs),
+               "cuda_graph_verify": sum(t.graph is not None for t in eng.runner.tree_graphs.values()),
+               "cuda_graph_commit": sum(t.commit_graph is not None for t in eng.runner.tree_graphs.values()),
+               "cuda_graph_draft": sum(e is not None and e.graph is not None for e in fn.entries.values())
+               if fn is not None else 0, "graph_error": eng.runner.graph_error}  # fmt: skip
+        if self.retried:
+            res["failed_capture_retried"] = self.retried
+        return res
+
+    def close(self) -> None:
+        self.eng.abort(self.req.req_id)
 
 
 def time_trees(model: Any, prompt_len: int, iters: int, warmup: int, graphs: bool = True) -> dict:
@@ -265,7 +304,7 @@ def _time_tree(ver: Any, req: Any, parents: list[int], gen: Any, device: Any, sy
 
 
 def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, steps: int, warmup: int,
-        iters: int, graphs: bool, draft_vocab: int = 0) -> dict[str, Any]:  # fmt: skip
+        iters: int, graphs: bool, draft_vocab: int = 0, rounds: int = 1) -> dict[str, Any]:  # fmt: skip
     import torch
 
     from lumotree.platform.benches import decode
@@ -283,9 +322,9 @@ def run(shapes: str, device_name: str, dtype_name: str | None, prompt_len: int, 
         "bench": "arms", "shapes": shapes, "device": torch.cuda.get_device_name(device)
         if device.type == "cuda" else "cpu", "dtype": str(dtype).removeprefix("torch."), "batch": 1,
         "prompt_len": prompt_len, "steps": steps, "iters": iters, "build_s": time.perf_counter() - t0,
-        "draft_vocab": draft_vocab, "cuda_graphs": graphs,
+        "draft_vocab": draft_vocab, "cuda_graphs": graphs, "rounds": rounds,
     }  # fmt: skip
-    arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs, draft_vocab)
+    arms = time_arms(model, eagle, prompt_len, steps, warmup, graphs, draft_vocab, rounds)
     report["arms"] = arms
     med = {k: a["step"]["median_ms"] for k, a in arms.items() if "step" in a}
     ar = med.get("ar", float("nan"))
@@ -362,6 +401,9 @@ def register(bench_app: typer.Typer) -> None:
         dtype: Annotated[str | None, typer.Option(help="bf16 | fp16 | fp32 (default: bf16 on cuda).")] = None,
         prompt_len: Annotated[int, typer.Option(help="Committed prefix before timing.")] = 256,
         steps: Annotated[int, typer.Option(help="Timed engine steps per arm.")] = 30,
+        rounds: Annotated[
+            int, typer.Option(help="Blocks the timed steps are split into, the arms taking turns per block.")
+        ] = 3,
         warmup: Annotated[int, typer.Option(help="Untimed steps / iterations first.")] = 5,
         iters: Annotated[int, typer.Option(help="Timed iterations per tree shape.")] = 20,
         cuda_graphs: Annotated[
@@ -383,8 +425,10 @@ def register(bench_app: typer.Typer) -> None:
         dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise typer.BadParameter("--device cuda: no CUDA device is available")
+        if not 1 <= rounds <= steps:
+            raise typer.BadParameter(f"--rounds must be between 1 and --steps ({steps}), got {rounds}")
         started = time.time()
-        report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs, draft_vocab)
+        report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs, draft_vocab, rounds)
         text = stamped(report, dev, started)
         if as_json:
             print(text)

@@ -53,6 +53,34 @@ def summarize(events: list[tuple[str, int, float]], steps: int, top: int) -> dic
     }  # fmt: skip
 
 
+def device_gaps(kernels: list[tuple[float, float, str]], steps: int, top: int) -> dict[str, Any]:
+    """Where the device waits: kernels (start us, end us, name) -> busy and idle time per step between the
+    first kernel's start and the last one's end, and the idle gaps grouped by the kernels on either side
+    (the one that finished last before the gap, the one that starts it), largest total first. A gap between
+    a drafting kernel and the verify forward's first is host work the step cannot hide."""
+    if not kernels:
+        return {"busy_ms_per_step": 0.0, "idle_ms_per_step": 0.0, "gaps": []}
+    ks = sorted(kernels)
+    lo, hi, before = ks[0][0], ks[0][1], ks[0][2]
+    busy, first = 0.0, lo
+    gaps: dict[tuple[str, str], list[float]] = {}
+    for start, end, name in ks[1:]:
+        if start > hi:
+            gaps.setdefault((before, name), []).append(start - hi)
+            busy += hi - lo
+            lo, hi, before = start, end, name
+        elif end >= hi:
+            hi, before = end, name
+    busy += hi - lo
+    rows = sorted(gaps.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {
+        "busy_ms_per_step": busy / steps / 1e3,
+        "idle_ms_per_step": (hi - first - busy) / steps / 1e3,
+        "gaps": [{"after": a[:100], "before": b[:100], "per_step": len(g) / steps,
+                  "ms_per_step": sum(g) / steps / 1e3, "max_us": max(g)} for (a, b), g in rows],
+    }  # fmt: skip
+
+
 def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: list[int], steps: int,
                 warmup: int, graphs: bool, top: int) -> dict[str, Any]:  # fmt: skip
     import torch
@@ -77,6 +105,13 @@ def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: 
     if req.finished:
         raise RuntimeError(f"{arm}: the request finished before the profiled steps ended")
     eng.abort(req.req_id)
+    gaps = None
+    if cuda:
+        gaps = device_gaps(
+            [(e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+             if str(e.device_type).endswith("CUDA") and e.time_range.end > e.time_range.start],
+            steps, top,
+        )  # fmt: skip
     events = []
     for e in prof.key_averages():
         on_device = str(e.device_type).endswith("CUDA")
@@ -85,7 +120,7 @@ def profile_arm(model: Any, arm: str, opts: dict[str, Any], eagle: Any, prompt: 
         elif not cuda and not on_device:
             events.append((e.key, e.count, e.self_cpu_time_total))
     return {"wall_ms_per_step": wall, "timing": "device" if cuda else "cpu_self",
-            **summarize(events, steps, top)}  # fmt: skip
+            **summarize(events, steps, top), "device_gaps": gaps}  # fmt: skip
 
 
 def run(shapes: str, device_name: str, arms: list[str], prompt_len: int, steps: int, warmup: int,
@@ -158,6 +193,13 @@ def print_table(report: dict[str, Any]) -> None:
             t.add_row(f"[bold]{g}[/]", "", f"{ms:.3f}")
         for k in r["top"][:15]:
             t.add_row(f"  {k['name'][:90]}", f"{k['calls_per_step']:.1f}", f"{k['ms_per_step']:.3f}")
+        gaps = r.get("device_gaps")
+        if gaps:
+            t.add_row(f"[bold]device idle between kernels[/] (busy {gaps['busy_ms_per_step']:.3f})", "",
+                      f"{gaps['idle_ms_per_step']:.3f}")  # fmt: skip
+            for gp in gaps["gaps"][:8]:
+                t.add_row(f"  after {gp['after'][:40]} / before {gp['before'][:40]}", f"{gp['per_step']:.1f}",
+                          f"{gp['ms_per_step']:.3f}")  # fmt: skip
         Console().print(t)
 
 

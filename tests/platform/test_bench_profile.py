@@ -7,7 +7,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from lumotree.platform.benches.profile import group_of, summarize
+from lumotree.platform.benches.profile import device_gaps, group_of, summarize
 from lumotree.platform.cli import app
 
 
@@ -32,6 +32,22 @@ def test_summary_is_per_step_and_sorted() -> None:
     assert s["top"][0]["calls_per_step"] == 2 and s["groups_ms_per_step"] == {"gemm": 2.0, "norm": 0.5}
 
 
+def test_device_gaps_merge_overlaps_and_name_both_sides() -> None:
+    # two steps: draft kernels overlap (no gap), 30 us of host work before the verify, 5 us launch gaps
+    ks = [(0.0, 10.0, "draft_a"), (5.0, 20.0, "draft_b"), (50.0, 60.0, "embed"), (65.0, 70.0, "gemm"),
+          (100.0, 110.0, "draft_a"), (108.0, 120.0, "draft_b"), (150.0, 160.0, "embed")]  # fmt: skip
+    g = device_gaps(ks, steps=2, top=5)
+    assert g["busy_ms_per_step"] == (20 + 10 + 5 + 20 + 10) / 2e3
+    assert g["idle_ms_per_step"] == (30 + 5 + 30 + 30) / 2e3
+    assert [(r["after"], r["before"], r["per_step"]) for r in g["gaps"]] == [
+        ("draft_b", "embed", 1.0),
+        ("gemm", "draft_a", 0.5),
+        ("embed", "gemm", 0.5),
+    ]
+    assert g["gaps"][0]["ms_per_step"] == 0.03 and g["gaps"][0]["max_us"] == 30
+    assert device_gaps([], 1, 5)["gaps"] == []
+
+
 def test_profile_command_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "p.json"
     base = ["bench", "profile", "--shapes", "tiny", "--device", "cpu"]
@@ -46,6 +62,7 @@ def test_profile_command_on_cpu(tmp_path: Path) -> None:
         assert abs(sum(r["groups_ms_per_step"].values()) - r["ms_per_step"]) < 1e-6 * r["ms_per_step"] + 1e-9
         times = [k["ms_per_step"] for k in r["top"]]
         assert times == sorted(times, reverse=True)
+        assert r["device_gaps"] is None  # no device timeline on the CPU
     # a speculative step does more work than an AR step on the same model
     assert report["arms"]["lumotree"]["ms_per_step"] > report["arms"]["ar"]["ms_per_step"]
     bad = CliRunner().invoke(app, [*base, "--arms", "nope"])
