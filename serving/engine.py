@@ -286,10 +286,12 @@ class Engine:
                 out = self.verifier.verify([r.req_id for r in reqs], trees)
                 logits, hidden, tb = out.logits, out.hidden, out.tree_batch()
         with self.timer.span("sampling", self.counters):
-            # Seeds, output positions and history rows cross to the device in one copy.
-            small = torch.tensor(
-                [[r.seed for r in reqs], [len(r.output_ids) for r in reqs], [r.state_row for r in reqs]]
-            ).to(self.device, non_blocking=True)
+            # Seeds, output positions and history rows cross to the device in one pinned copy, queued behind
+            # the verify forward (a pageable copy may wait for it, and the walk's launches with it).
+            small = to_device(
+                [r.seed for r in reqs] + [len(r.output_ids) for r in reqs] + [r.state_row for r in reqs],
+                self.device,
+            ).view(3, len(reqs))
             penalty = any(r.params.presence_penalty != 0.0 for r in reqs)
             history = self.history.rows(small[2]) if penalty else None
             res = self.sampler.walk(tb, logits, history, [r.params for r in reqs], small[0], small[1])

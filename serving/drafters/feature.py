@@ -34,6 +34,7 @@ import torch
 from ..batch import ForwardBatch
 from ..cache import StateCaches
 from ..graphs import StaticGraphs
+from ..upload import to_device
 
 Layer = Callable[[torch.Tensor, torch.Tensor, ForwardBatch, StateCaches], torch.Tensor]
 """(embeds [R, H], features [R, H], batch, caches) -> output features [R, H] (writes the layer's KV)."""
@@ -179,7 +180,7 @@ class FeatureDrafter:
             pos = [c + j - 1 for c in ctxs]
             blocks = [self.caches.seqs[sid].blocks for sid in ids]
             host += [pos, [b[x // bs] * bs + x % bs for b, x in zip(blocks, pos, strict=True)]]
-        small = torch.tensor(host, dtype=torch.long).to(ext.input_ids.device, non_blocking=True)
+        small = to_device([x for row in host for x in row], ext.input_ids.device).view(len(host), S)
         inputs = [ext.input_ids, ext.positions, ext.slot_mapping, ext.state_rows, ext.context_lens,
                   ext.block_tables, feats.view(S * width, h), small]  # fmt: skip
 
