@@ -131,16 +131,25 @@ def build_fixed(
 def look_ahead_fixed(
     topology: TreeTopology, root: int, depth: int, width: int, suffix: SuffixDrafter
 ) -> None:
-    """Before the drafts reach the host, guess the MTP spine as the suffix's own continuation of the root and
-    run the spine tail's lookup under that guess now, so that ``build_fixed`` finds it done when the drafted
-    spine agrees. It agrees on repetitive text, where lookups scan the most occurrences; otherwise the guess
-    cost host time the GPU's drafting hid anyway."""
+    """Before the drafts reach the host, run the suffix lookups ``build_fixed`` will most likely ask for, so
+    that it finds them done (a cache: a tree never changes). The spine tail's lookup under the guess that
+    the MTP spine is the suffix's own continuation of the root (it agrees on repetitive text, where lookups
+    scan the most occurrences), and the rescue chains' lookups under the root's most frequent successors
+    (the root's runner-ups are usually among them). A wrong guess cost host time the GPU's drafting hid."""
+    successors: list[int] | None = None
     for anchor, want in _fixed_plan(topology, depth, width)[1]:
         route = topology.routes[anchor]
-        if want and len(route) == depth and not any(route):  # the spine's deepest MTP node
+        if not want:
+            continue
+        if len(route) == depth and not any(route):  # the spine's deepest MTP node
             guess = suffix.propose(extra=[int(root)], max_len=depth)
             if guess is not None and len(guess.tokens) == depth:
                 suffix.look_ahead([int(root), *guess.tokens], len(want))
+        elif len(route) == 1:  # a runner-up of the root
+            if successors is None:
+                successors = suffix.successors([int(root)], width)
+            for s in successors:
+                suffix.look_ahead([int(root), s], len(want))
 
 
 def build_chain(

@@ -146,6 +146,20 @@ class SuffixIndex:
                 return best, [e for m, e in scored if m == best]
         return 0, []
 
+    def next_tokens(self, query: Sequence[int]) -> list[int]:
+        """The tokens that followed the last ``min_match`` tokens of ``query`` (its shortest match), at most
+        ``max_candidates`` occurrences, most recent last."""
+        n, t = self.config.min_match, self.tokens
+        gram = list(query[-n:])
+        if len(gram) < n:
+            return []
+        ends = self._grams[n].get(hash(tuple(gram)), [])[-self.config.max_candidates :]
+        return [
+            t[e + 1]
+            for e in ends
+            if e + 1 < len(t) and t[e + 1] != SEPARATOR and t[e + 1 - n : e + 1] == gram
+        ]
+
     def propose(self, query: Sequence[int], max_len: int, source: str = "request") -> SuffixChain | None:
         """The greedy continuation of ``query`` (see the module docstring), or None without a match."""
         match_len, cand = self.occurrences(query)
@@ -274,9 +288,21 @@ class SuffixDrafter:
             self._ahead, self._ahead_stamp = {}, stamp
         return self._ahead
 
+    def _query(self, extra: Sequence[int]) -> list[int]:
+        return (self.index.tokens[-self.config.max_match :] + list(extra))[-self.config.max_match :]
+
+    def successors(self, extra: Sequence[int] = (), k: int = 3) -> list[int]:
+        """The ``k`` tokens that most often followed the shortest match (``min_match`` tokens) of the
+        request's text plus ``extra``, in the request and the cache together, most frequent first: the
+        candidates to look ahead for, e.g. the root's runner-ups before the drafter has named them."""
+        query = self._query(extra)
+        votes: Counter[int] = Counter()
+        for idx in [self.index] + ([self.cache.index] if self.cache is not None and len(self.cache) else []):
+            votes.update(idx.next_tokens(query))
+        return [tok for tok, _ in votes.most_common(k)]
+
     def _propose(self, extra: tuple[int, ...], max_len: int) -> SuffixChain | None:
-        tail = self.index.tokens[-self.config.max_match :] + list(extra)
-        query = tail[-self.config.max_match :]
+        query = self._query(extra)
         best = self.index.propose(query, max_len, "request")
         if self.cache is not None and len(self.cache):
             other = self.cache.index.propose(query, max_len, "cache")

@@ -80,6 +80,28 @@ def test_look_ahead_never_changes_a_tree(seed: int) -> None:
         slow.extend(acc)
 
 
+def test_look_ahead_covers_the_spine_tail_and_frequent_runner_ups() -> None:
+    """After ``look_ahead_fixed`` the tree needs a fresh lookup only for a runner-up that never followed the
+    root: the spine tail (the guess) and the rescue chain of a frequent successor are done already."""
+    root, cfg = 7, SuffixConfig(min_match=2, max_match=16, long_gram=4)
+    seg = [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 19]
+    prompt = [9, root, 30, 31, 32, 33, 34, 8, 9, root, *seg, 8, 9, root, *seg, 8, 9]
+    fast, slow = SuffixDrafter(prompt, cfg), SuffixDrafter(prompt, cfg)
+    assert fast.successors([root], 3) == [20, 30]
+    look_ahead_fixed(hydra27(), root, 5, 3, fast)
+    mtp = [[20, 30, 40], *([21 + d, 60 + d, 70 + d] for d in range(4))]
+    fresh: list[tuple[tuple[int, ...], int]] = []
+    propose = fast._propose
+    fast._propose = lambda extra, n: fresh.append((extra, n)) or propose(extra, n)  # type: ignore[method-assign]
+    got = build_fixed(hydra27(), root, mtp, fast, prefix_len=len(prompt))
+    assert fresh == [((root, 40), 2)]
+    want = build_fixed(hydra27(), root, mtp, slow, prefix_len=len(prompt))
+    assert got.token_ids.tolist() == want.token_ids.tolist() and got.active_mask == want.active_mask
+    tok = dict(zip(got.topology.routes, got.token_ids.tolist(), strict=True))
+    assert [tok[(0,) * d] for d in range(6, 12)] == [25, 26, 27, 28, 29, 19]
+    assert [tok[(1,) + (0,) * i] for i in range(1, 5)] == [31, 32, 33, 34]
+
+
 def test_hydra27_without_suffix_keeps_only_mtp_rows() -> None:
     d = build_fixed(hydra27(), 5, MTP, None, prefix_len=0)
     assert sum(d.active_mask) == 1 + 15
