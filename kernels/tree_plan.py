@@ -477,3 +477,106 @@ def plan_paths(
             int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
         )
     return _plan_cached(p, cu, mode, frozenset(int(r) for r in skip))
+
+
+# ------------------------------------------------- tables of the matrix-form verifier (kernels.tree_wy)
+
+MAX_ROWS = 64
+"""Rows per tree: a row's ancestors are one int64 bit mask."""
+
+
+@dataclass(frozen=True)
+class WyPlan:
+    """The per-row tables of one packed batch of trees (host lists; device copies cached per device)."""
+
+    cu: tuple[int, ...]
+    """Row ranges per sequence."""
+    anc: tuple[int, ...]
+    """Per row: bit j set when row j of its sequence (local index) is the row itself or an ancestor."""
+    keep: tuple[int, ...]
+    """Per row: 1 = output written, 0 = a skipped (padded) row, written as zeros."""
+    depth: int
+    """Largest node depth (edges from its sequence's first node); sets the number of squarings."""
+    _device_cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    mode = "wy"
+    """The ``TreeScanConfig.plan_mode`` that serves this plan."""
+
+    @property
+    def path_counts(self) -> tuple[int, ...]:
+        """No paths: every node at once."""
+        return ()
+
+    @property
+    def num_rows(self) -> int:
+        return self.cu[-1]
+
+    def cut_buffer_bytes(self, num_v_heads: int, k_dim: int, v_dim: int) -> int:
+        """No cut states: every node reads only its sequence's committed state."""
+        return 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.cu) - 1
+
+    @property
+    def block_t(self) -> int:
+        """Rows per program: the largest tree as a power of two, at least 16 (the dot's minimum)."""
+        widest = max(b - a for a, b in zip(self.cu, self.cu[1:], strict=False))
+        return max(16, 1 << (widest - 1).bit_length())
+
+    @property
+    def squarings(self) -> int:
+        """s with 2^(s+1) > depth: (I - A)(I + A^2)...(I + A^(2^s)) is the exact inverse of I + A."""
+        s = 0
+        while 2 ** (s + 1) <= self.depth:
+            s += 1
+        return s
+
+    def on(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cu int32, anc int64, keep int8) on ``device``, made once (so CUDA-graph capture finds them)."""
+        key = str(device)
+        if key not in self._device_cache:
+            # bit 63 as a signed int64 (a 64-row tree's last row)
+            anc = [a - (1 << 64) if a >= 1 << 63 else a for a in self.anc]
+            self._device_cache[key] = (
+                torch.tensor(self.cu, dtype=torch.int32, device=device),
+                torch.tensor(anc, dtype=torch.int64, device=device),
+                torch.tensor(self.keep, dtype=torch.int8, device=device),
+            )
+        return self._device_cache[key]  # type: ignore[no-any-return]
+
+
+def plan_wy(
+    parents: Sequence[int] | torch.Tensor,
+    cu_seqlens: Sequence[int] | torch.Tensor | None = None,
+    skip: Sequence[int] = (),
+) -> WyPlan:
+    """The tables of a packed batch of trees (parents local to each sequence, as ``tree_plan.plan_paths``);
+    cached per topology. ``skip``: global rows written as zeros (their subtrees must be skipped too)."""
+    p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))
+    if not p:
+        raise ValueError("empty tree")
+    cu = (0, len(p)) if cu_seqlens is None else tuple(
+        int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
+    )  # fmt: skip
+    return _wy_cached(p, cu, frozenset(int(r) for r in skip))
+
+
+@lru_cache(maxsize=256)
+def _wy_cached(parents: tuple[int, ...], cu: tuple[int, ...], skip: frozenset[int]) -> WyPlan:
+    gp, seq = _global_parents(parents, cu)  # validates every sequence's forest
+    if any(not 0 <= r < len(gp) for r in skip):
+        raise ValueError(f"skip rows {sorted(skip)} out of range for {len(gp)} rows")
+    anc: list[int] = []
+    depth: list[int] = []
+    for r, par in enumerate(gp):
+        bos = cu[seq[r]]
+        if r - bos >= MAX_ROWS:
+            raise ValueError(f"a tree of more than {MAX_ROWS} rows (sequence {seq[r]})")
+        if par >= 0 and par in skip and r not in skip:
+            raise ValueError(f"row {r} is kept but its parent {par} is skipped")
+        anc.append((anc[par] if par >= 0 else 0) | 1 << (r - bos))
+        depth.append(depth[par] + 1 if par >= 0 else 0)
+    keep = tuple(0 if r in skip else 1 for r in range(len(gp)))
+    return WyPlan(cu, tuple(anc), keep, max(depth))

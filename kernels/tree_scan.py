@@ -32,7 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, plan_paths
+from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, WyPlan, plan_paths
+from .tree_wy import TreeWyConfig, tree_gdn_wy
+
+TREE_METHODS = (*PLAN_MODES, "wy")
+"""``TreeScanConfig.plan_mode`` values: the scan's path plans and the matrix-form verifier."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,9 @@ class TreeScanConfig:
     """Software pipelining depth of the node loop (operand prefetch)."""
     plan_mode: str = "auto"
     """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks the
-    one-launch sidecar plan unless its recomputed prefixes more than double the node updates)."""
+    one-launch sidecar plan unless its recomputed prefixes more than double the node updates), or ``wy``:
+    no paths at all, the whole tree in one matrix pass in fp64 (``kernels.tree_wy``; launch knobs
+    ``wy_block_v`` and ``wy_num_warps``, the scan's knobs unused)."""
     tiles: int = 1
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
@@ -59,6 +65,11 @@ class TreeScanConfig:
     within ``pack`` times the longest path's; 0 = one path per program. Off by default: on the H200 the
     sidecar scan of hydra27 (padded rows skipped) took 0.869 ms unpacked, 0.888 at 1.5 and 1.103 at 1.0
     (BENCHMARKS.md, run 10); fewer, longer programs lose more latency hiding than the second wave costs."""
+    wy_block_v: int = 32
+    """``wy``: value-tile width (at least 16, the dot's minimum); programs per head = V / wy_block_v, each
+    recomputing the head's small tree matrices."""
+    wy_num_warps: int = 4
+    """``wy``: warps per program."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
@@ -83,8 +94,8 @@ class TreeScanConfig:
             except ValueError:
                 raise ValueError(f"LUMOTREE_TREE_SCAN: {key} must be a number, not {val!r}") from None
         cfg = cls(**values)
-        if cfg.plan_mode not in PLAN_MODES:
-            raise ValueError(f"LUMOTREE_TREE_SCAN: plan_mode {cfg.plan_mode!r} is not one of {PLAN_MODES}")
+        if cfg.plan_mode not in TREE_METHODS:
+            raise ValueError(f"LUMOTREE_TREE_SCAN: plan_mode {cfg.plan_mode!r} is not one of {TREE_METHODS}")
         return cfg
 
 
@@ -367,7 +378,7 @@ def tree_gdn(
     parents: Sequence[int] | torch.Tensor | None,
     initial_state: torch.Tensor,
     scale: float | None = None,
-    plan: PathPlan | None = None,
+    plan: PathPlan | WyPlan | None = None,
     *,
     cu_seqlens: Sequence[int] | torch.Tensor | None = None,
     state_indices: torch.Tensor | None = None,
@@ -392,6 +403,14 @@ def tree_gdn(
     """
     if output_node_states:
         raise ValueError("the Triton tree scan returns outputs only; use tree_gdn_ref for node states")
+    if config.plan_mode == "wy" or isinstance(plan, WyPlan):
+        assert plan is None or isinstance(plan, WyPlan), "a path plan given to the wy method"
+        return tree_gdn_wy(
+            q, k, v, g, beta, parents, initial_state, scale, plan, cu_seqlens=cu_seqlens,
+            state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            config=TreeWyConfig(block_v=config.wy_block_v, num_warps=config.wy_num_warps), out=out, skip=skip,
+        )  # fmt: skip
+    assert not isinstance(plan, WyPlan)
     if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]
         assert initial_state.dim() == 3 and state_indices is None and cu_seqlens is None
         o, _ = tree_gdn(

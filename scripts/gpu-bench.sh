@@ -4,7 +4,8 @@
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
 # Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
-# times scan knob sets (GDN_CONFIGS overrides them); step profile_graphs profiles CUDA-graph steps, whose
+# times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy serve the matrix-form verifier
+# (plan_mode=wy); step profile_graphs profiles CUDA-graph steps, whose
 # device idle gaps show the host work a step cannot hide; step probe times a node of the scan taken apart
 # (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
@@ -23,7 +24,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_sweep ncu_scan probe arms arms_gather profile profile_graphs profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_sweep ncu_scan probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -47,6 +48,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
+    gdn_wy) run_step gdn_wy 240 env LUMOTREE_TREE_SCAN=plan_mode=wy "${lt[@]}" bench gdn --plans sidecar,wy --json \
+      --out "$out/gdn_27b_wy.json" ;;
     gdn_sweep) run_step gdn_sweep 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 --json \
       --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
@@ -59,6 +62,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
+    arms_wy) run_step arms_wy 300 env LUMOTREE_TREE_SCAN=plan_mode=wy "${lt[@]}" bench arms --shapes 27b --device cuda \
+      --draft-vocab 32768 --json --out "$out/arms_27b_wy.json" ;;
     arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \

@@ -21,7 +21,7 @@ from importlib import resources
 
 import torch
 
-from ..kernels.tree_plan import PathPlan, plan_paths
+from ..kernels.tree_plan import PathPlan, WyPlan, plan_paths, plan_wy
 
 
 class TreeError(ValueError):
@@ -279,8 +279,11 @@ class TreeTopology:
         skips them in the GDN scan and leaves their outputs zero."""
         return tuple(i for i, on in enumerate(self.default_active) if not on)
 
-    def plan(self, mode: str = "auto") -> PathPlan:
-        """The GDN scan plan of this tree, padded rows skipped (cached in kernels.tree_plan per topology)."""
+    def plan(self, mode: str = "auto") -> PathPlan | WyPlan:
+        """The GDN verify plan of this tree, padded rows skipped (cached per topology): a scan's path plan,
+        or the matrix-form verifier's tables for ``wy``."""
+        if mode == "wy":
+            return plan_wy(self.parents, skip=self.padded_rows)
         return plan_paths(self.parents, mode=mode, skip=self.padded_rows)
 
     def tensor(self, what: str, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -398,7 +401,7 @@ class TreeDescriptor:
         return self.topology.ancestor_mask(device)
 
     @property
-    def plan(self) -> PathPlan:
+    def plan(self) -> PathPlan | WyPlan:
         return self.topology.plan()
 
     @property

@@ -73,8 +73,9 @@ def time_call(fn: Any, torch: Any, device: Any, warmup: int, iters: int, graph: 
     return _stats(out)
 
 
-SWEPT_PLANS = ("levels", "flat", "side", "sidecar", "split")
-"""Plan modes the verify sweep times by default (the served one is always among them)."""
+SWEPT_PLANS = ("levels", "flat", "side", "sidecar", "split", "wy")
+"""Plan modes the verify sweep times by default (the served one is always among them); ``wy`` is the
+matrix-form verifier, swept over ``--wy-configs`` instead of ``--configs``."""
 
 
 def _chain_sweep(
@@ -105,13 +106,14 @@ def run_gdn_bench(
     configs: list[dict[str, float]],
     log: Any = print,
     plan_modes: tuple[str, ...] = SWEPT_PLANS,
+    wy_configs: tuple[dict[str, int], ...] = (),
 ) -> dict[str, Any]:
     if device_name == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are first imported
     import torch
 
     from lumotree.kernels import dispatch, gdn_decode, tree_scan
-    from lumotree.kernels.tree_plan import plan_paths
+    from lumotree.kernels.tree_plan import plan_paths, plan_wy
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
@@ -212,7 +214,8 @@ def run_gdn_bench(
 
     def verify_rows(n: int, cfg: Any) -> Any:
         """The scan over a chain of the first ``n`` rows' operands, every layer (the served plan mode)."""
-        plan = plan_paths([-1, *range(n - 1)], mode=cfg.plan_mode)
+        chain = [-1, *range(n - 1)]
+        plan = plan_wy(chain) if cfg.plan_mode == "wy" else plan_paths(chain, mode=cfg.plan_mode)
 
         def fn() -> None:
             for li in range(L):
@@ -222,11 +225,11 @@ def run_gdn_bench(
         return fn
 
     modes_graph = [False, True] if cuda else [False]
-    knobs = ("plan", *SCAN_KNOBS)
+    knobs = ("plan", *SCAN_KNOBS, *WY_KNOBS)
     sweep = []
     sweep_outs = []  # each config's outputs, checked against native decoding below
     for mode in plans:
-        for knob_values in configs:
+        for knob_values in wy_configs if mode == "wy" else configs:
             cfg = tree_scan.TreeScanConfig(plan_mode=mode, **knob_values)  # type: ignore[arg-type]
             row: dict[str, Any] = {k_: getattr(cfg, "plan_mode" if k_ == "plan" else k_) for k_ in knobs}
             row["levels"] = list(plans[mode].path_counts)
@@ -445,6 +448,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -480,11 +485,24 @@ def _parse_config(text: str) -> dict[str, float]:
     return values
 
 
-def _config_text(values: dict[str, float]) -> str:
+def _parse_wy_config(text: str) -> dict[str, int]:
+    """``BV:warps`` -> the ``wy`` knobs, e.g. ``32:4``."""
+    try:
+        bv, warps = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not BV:warps (two integers)") from None
+    if bv < 16 or bv & (bv - 1) or warps < 1:
+        raise ValueError(f"{text!r}: BV must be a power of two of at least 16, warps positive")
+    return dict(zip(WY_KNOBS, (bv, warps), strict=True))
+
+
+def _config_text(values: dict[str, int] | dict[str, float]) -> str:
     """The ``--configs`` item of a knob set (defaults left out)."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     base = TreeScanConfig()
+    if set(values) == set(WY_KNOBS):
+        return ":".join(str(values[k]) for k in WY_KNOBS)
     head = ":".join(str(values[k]) for k in _HEAD)
     rest = [f"{k}={v}" for k, v in values.items() if k not in _HEAD and v != getattr(base, k)]
     return "/".join([head, *rest])
@@ -509,6 +527,9 @@ def register(bench_app: typer.Typer) -> None:
             help="Scan configs BV:warps[:tiles][/knob=value...] (knobs: TreeScanConfig's integer fields), "
             "each run with every swept plan mode.",
         ),
+        wy_configs: str = typer.Option(
+            "16:4,32:4,64:4,32:8", "--wy-configs", help="Launch configs BV:warps of the wy plan mode."
+        ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
         ),
@@ -528,16 +549,23 @@ def register(bench_app: typer.Typer) -> None:
             raise typer.BadParameter(f"--configs: {e}") from e
         from lumotree.kernels.tree_scan import DEFAULT_CONFIG as dc
 
-        served = {k: getattr(dc, k) for k in SCAN_KNOBS}
-        if served not in cfgs:  # the headline is the served config, so it is always timed
-            cfgs.append(served)
+        try:
+            wy_cfgs = [_parse_wy_config(c) for c in wy_configs.split(",")]
+        except ValueError as e:
+            raise typer.BadParameter(f"--wy-configs: {e}") from e
+        # the headline is the served config, so it is always timed
+        served, served_wy = ({k: getattr(dc, k) for k in ks} for ks in (SCAN_KNOBS, WY_KNOBS))
+        for pool, one in ((cfgs, served), (wy_cfgs, served_wy)):
+            if one not in pool:
+                pool.append(one)
         modes = [m.strip() for m in plans.split(",") if m.strip()]
         if unknown := sorted(set(modes) - set(SWEPT_PLANS)):
             raise typer.BadParameter(f"--plans: {unknown} not among {SWEPT_PLANS}")
         started = time.time()
         try:
             res = run_gdn_bench(device, layers, hv, hk, dk, dv, name, accept_depth, warmup, iters, cfgs,
-                                log=console.print, plan_modes=tuple(modes))  # fmt: skip
+                                log=console.print, plan_modes=tuple(modes),
+                                wy_configs=tuple(wy_cfgs))  # fmt: skip
         except (RuntimeError, ValueError, AssertionError) as e:
             Console(stderr=True).print(f"[red]gdn bench failed: {e}[/]")  # even under --json
             raise typer.Exit(1) from e

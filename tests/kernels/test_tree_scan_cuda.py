@@ -40,3 +40,35 @@ def test_plans_agree_bitwise_and_split_survives_graph_capture() -> None:
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, base)
+
+
+def test_wy_within_the_paired_rule_at_27b_heads_and_under_graph_capture() -> None:
+    """The matrix-form verifier compiled (fp64 dots) on hydra27 with 27B head dims and bf16 operands: every
+    (head) cell within the paired rule against float64, with the fp32 per-node recurrence as the native
+    envelope; a captured replay gives the same bits."""
+    from lumotree.kernels.tree_scan_ref import tree_gdn_float64, tree_gdn_ref
+
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    n, h, hv, d = len(HYDRA), 4, 12, 128
+    q, k = (torch.randn(1, n, h, d, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    v = torch.randn(1, n, hv, d, device="cuda", generator=gen).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, n, hv, device="cuda", generator=gen) + 3)
+    beta = torch.rand(1, n, hv, device="cuda", generator=gen)
+    h0 = torch.randn(1, hv, d, d, device="cuda", generator=gen) * 0.1
+    kw = dict(use_qk_l2norm_in_kernel=True)
+    out = torch.zeros(1, n, hv, d, device="cuda")
+    cfg = tree_scan.TreeScanConfig(plan_mode="wy")
+    tree_scan.tree_gdn(q, k, v.float(), g, beta, HYDRA, h0, None, config=cfg, out=out, **kw)
+    o = out.clone()
+    o_nat, _ = tree_gdn_ref(q, k, v.float(), g, beta, HYDRA, h0, **kw)
+    o64, _ = tree_gdn_float64(q, k, v.float(), g, beta, HYDRA, h0, **kw)
+    e, e_nat = ((x.double() - o64).abs().amax(dim=(0, 1, 3)) for x in (o, o_nat))
+    m64 = o64.abs().amax(dim=(0, 1, 3))
+    assert (e <= 1.10 * e_nat + 2.0**-24 * m64 + 2.0**-149).all(), (e, e_nat)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tree_scan.tree_gdn(q, k, v.float(), g, beta, HYDRA, h0, None, config=cfg, out=out, **kw)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, o)
