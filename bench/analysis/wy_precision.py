@@ -81,9 +81,9 @@ def main() -> None:
         ops = audit.gdn_inputs(len(parents), H, HV, K, V, gen, "cpu")
         h0 = torch.randn(HV, K, V, generator=gen) * 0.1
         scale = K**-0.5
-        args = [ops[x][None] for x in ("q", "k", "v", "g", "beta")]
-        o_nat = tree_gdn_ref(*args, parents, h0[None], scale)[0][0]
-        o64 = tree_gdn_float64(*args, parents, h0[None], scale)[0][0]
+        q, k, v, g, beta = (ops[x][None] for x in ("q", "k", "v", "g", "beta"))
+        o_nat = tree_gdn_ref(q, k, v, g, beta, parents, h0[None], scale)[0][0]
+        o64 = tree_gdn_float64(q, k, v, g, beta, parents, h0[None], scale)[0][0]
         e_nat = (o_nat.double() - o64).abs().amax(dim=(0, 2))
         m64 = o64.abs().amax(dim=(0, 2))
         cells += HV
