@@ -70,6 +70,8 @@ class TreeScanConfig:
     recomputing the head's small tree matrices."""
     wy_num_warps: int = 4
     """``wy``: warps per program."""
+    wy_block_k: int = 32
+    """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
@@ -408,7 +410,7 @@ def tree_gdn(
         return tree_gdn_wy(
             q, k, v, g, beta, parents, initial_state, scale, plan, cu_seqlens=cu_seqlens,
             state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            config=TreeWyConfig(block_v=config.wy_block_v, num_warps=config.wy_num_warps), out=out, skip=skip,
+            config=TreeWyConfig(block_v=config.wy_block_v, num_warps=config.wy_num_warps, block_k=config.wy_block_k), out=out, skip=skip,
         )  # fmt: skip
     assert not isinstance(plan, WyPlan)
     if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]

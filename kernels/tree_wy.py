@@ -40,32 +40,49 @@ from .tree_plan import WyPlan, plan_wy
 
 @triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                    SQUARINGS: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
+                    BV: tl.constexpr, SQUARINGS: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
     n = tl.load(cu + i_s + 1) - bos
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_k, m_v = o_t < n, o_k < K, o_v < V
+    m_t, m_v = o_t < n, o_v < V
     rows = (bos + o_t).to(tl.int64)
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_k = (
-        tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        .to(tl.float32)
-        .to(tl.float64)
-    )
-    b_q = (
-        tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        .to(tl.float32)
-        .to(tl.float64)
-    )
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
+    # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
+    # registers on sm_90 (ptxas -v). The l2norm and q's scale are row scalings, applied afterwards.
+    kk = tl.zeros([BT, BT], dtype=tl.float64)
+    qk = tl.zeros([BT, BT], dtype=tl.float64)
+    ks = tl.zeros([BT, BV], dtype=tl.float64)
+    qs = tl.zeros([BT, BV], dtype=tl.float64)
+    ss_k = tl.zeros([BT], dtype=tl.float64)
+    ss_q = tl.zeros([BT], dtype=tl.float64)
+    for k0 in tl.range(0, BK, KC):
+        o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_k = b_k.to(tl.float32).to(tl.float64)
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_q = b_q.to(tl.float32).to(tl.float64)
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0).to(tl.float64)  # fmt: skip
+        kk += tl.dot(b_k, tl.trans(b_k))
+        qk += tl.dot(b_q, tl.trans(b_k))
+        ks += tl.dot(b_k, b_s)
+        qs += tl.dot(b_q, b_s)
+        if USE_QK_L2NORM_IN_KERNEL:
+            ss_k += tl.sum(b_k * b_k, 1)
+            ss_q += tl.sum(b_q * b_q, 1)
     if USE_QK_L2NORM_IN_KERNEL:
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-    b_q = b_q * scale
+        r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
+        r_q = scale / tl.sqrt(ss_q + 1e-6)
+    else:
+        r_k = tl.full([BT], 1.0, tl.float64)
+        r_q = tl.full([BT], scale, tl.float64)
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0).to(tl.float32).to(tl.float64)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0).to(tl.float32).to(tl.float64)
     bits = tl.load(anc + rows, mask=m_t, other=0)
@@ -74,25 +91,19 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
     decay = tl.where(is_anc, tl.exp(tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
     b_a = tl.where(is_anc & (o_t[:, None] != o_t[None, :]),
-                   b_beta[:, None] * decay * tl.dot(b_k, tl.trans(b_k)), 0.0)  # fmt: skip
-    b_p = decay * tl.dot(b_q, tl.trans(b_k))
-    i_n = tl.load(h0_idx + i_s).to(tl.int64)
-    b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0).to(tl.float32).to(tl.float64)  # fmt: skip
+                   (b_beta * r_k)[:, None] * decay * kk * r_k[None, :], 0.0)  # fmt: skip
+    b_p = r_q[:, None] * decay * qk * r_k[None, :]
     e_G = tl.exp(b_G)
     m_tv = m_t[:, None] & m_v[None, :]
-    b_v = (
-        tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
-        .to(tl.float32)
-        .to(tl.float64)
-    )
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
+    b_v = b_v.to(tl.float32).to(tl.float64)
     # U = (I + A)^-1 B as (I - A)(I + A^2)(I + A^4)... B: the factors commute
-    b_u = b_beta[:, None] * (b_v - e_G[:, None] * tl.dot(b_k, b_s))
+    b_u = b_beta[:, None] * (b_v - (e_G * r_k)[:, None] * ks)
     b_u = b_u - tl.dot(b_a, b_u)
     for _ in tl.static_range(SQUARINGS):
         b_a = tl.dot(b_a, b_a)
         b_u = b_u + tl.dot(b_a, b_u)
-    b_o = e_G[:, None] * tl.dot(b_q, b_s) + tl.dot(b_p, b_u)
+    b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_p, b_u)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
     b_o = tl.where(kept[:, None], b_o, 0.0)
     tl.store(
@@ -111,6 +122,9 @@ class TreeWyConfig:
     recomputes the head's small tree matrices, so narrower tiles buy parallelism with repeated work."""
     num_warps: int = 4
     """Warps per program."""
+    block_k: int = 32
+    """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
+    columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers)."""
 
 
 def tree_gdn_wy(
@@ -160,12 +174,14 @@ def tree_gdn_wy(
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
     cu, anc, keep = plan.on(device)
-    if config.block_v < 16 or config.block_v & (config.block_v - 1):
-        raise ValueError(f"block_v {config.block_v}: a power of two of at least 16")
+    for name in ("block_v", "block_k"):
+        if (width := getattr(config, name)) < 16 or width & (width - 1):
+            raise ValueError(f"{name} {width}: a power of two of at least 16")
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
+    BK = max(16, triton.next_power_of_2(K))
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
-        H=H, HV=HV, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BT=plan.block_t, BV=BV,
+        H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
         SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, num_warps=config.num_warps,
     )  # fmt: skip
     return o, None

@@ -448,8 +448,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -486,14 +486,19 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps`` -> the ``wy`` knobs, e.g. ``32:4``."""
+    """``BV:warps[:BK]`` -> the ``wy`` knobs (BK at ``TreeScanConfig``'s default when left out), e.g. ``32:4``."""
+    from lumotree.kernels.tree_scan import TreeScanConfig
+
     try:
-        bv, warps = (int(x) for x in text.split(":"))
+        values = [int(x) for x in text.split(":")]
     except ValueError:
-        raise ValueError(f"{text!r} is not BV:warps (two integers)") from None
-    if bv < 16 or bv & (bv - 1) or warps < 1:
-        raise ValueError(f"{text!r}: BV must be a power of two of at least 16, warps positive")
-    return dict(zip(WY_KNOBS, (bv, warps), strict=True))
+        values = []
+    if not 2 <= len(values) <= 3:
+        raise ValueError(f"{text!r} is not BV:warps[:BK] (two or three integers)")
+    bv, warps, bk = (*values, TreeScanConfig().wy_block_k)[:3]
+    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1:
+        raise ValueError(f"{text!r}: BV and BK must be powers of two of at least 16, warps positive")
+    return dict(zip(WY_KNOBS, (bv, warps, bk), strict=True))
 
 
 def _config_text(values: dict[str, int] | dict[str, float]) -> str:
@@ -528,7 +533,9 @@ def register(bench_app: typer.Typer) -> None:
             "each run with every swept plan mode.",
         ),
         wy_configs: str = typer.Option(
-            "16:4,32:4,64:4,32:8", "--wy-configs", help="Launch configs BV:warps of the wy plan mode."
+            "16:4,32:4,32:8,64:8,32:4:16,32:8:16",
+            "--wy-configs",
+            help="Launch configs BV:warps[:BK] of the wy plan mode (BK: key-chunk width).",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."

@@ -17,7 +17,7 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     cli = [sys.executable, "-c", "from lumotree.platform.cli import main; main()"]
     cmd = cli + ["bench", "gdn", "--device", "cpu", "--layers", "1",
            "--hv", "2", "--hk", "1", "--dk", "8", "--dv", "8", "--tree", "chain3", "--accept-depth", "2",
-           "--warmup", "0", "--iters", "1", "--configs", "16:1:2", "--wy-configs", "16:4", "--json",
+           "--warmup", "0", "--iters", "1", "--configs", "16:1:2", "--wy-configs", "16:4:16", "--json",
            "--out", str(out)]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -56,3 +56,16 @@ def test_gdn_bench_config_syntax() -> None:
     for bad in ("8", "8:1:3", "8:1/bogus=1", "8:1/maxnreg=x", "8:1/maxnreg=300", "8:1:1:1"):
         with pytest.raises(ValueError):
             _parse_config(bad)
+
+
+def test_gdn_bench_wy_config_syntax() -> None:
+    """``--wy-configs`` items: BV:warps[:BK], BK defaulting to the served key chunk; bad items are refused."""
+    from lumotree.kernels.tree_scan import TreeScanConfig
+    from lumotree.platform.benches.gdn import _config_text, _parse_wy_config
+
+    assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128}
+    assert _parse_wy_config("16:4")["wy_block_k"] == TreeScanConfig().wy_block_k
+    assert _config_text(_parse_wy_config("32:4:64")) == "32:4:64"
+    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:1", "a:b"):
+        with pytest.raises(ValueError):
+            _parse_wy_config(bad)

@@ -108,7 +108,7 @@ def test_plan_tables_and_bad_trees() -> None:
     for parents, skip, msg in (
         ([-1, *range(64)], (), "more than 64 rows"),
         ([-1, 0, 1], (1,), "parent 1 is skipped"),
-        ([-1, 0, 2], (), ""),
+        ([-1, 0, 2], (), "earlier row"),
         ([-1, 0], (5,), "out of range"),
     ):
         with pytest.raises(ValueError, match=msg):
@@ -118,3 +118,7 @@ def test_plan_tables_and_bad_trees() -> None:
         ts.tree_gdn(*(torch.zeros(1, 2, 1, 16) for _ in range(2)), torch.zeros(1, 2, 1, 16),
                     torch.zeros(1, 2, 1), torch.zeros(1, 2, 1), [-1, 0], torch.zeros(1, 1, 16, 16),
                     config=ts.TreeScanConfig(plan_mode="wy", wy_block_v=24))  # fmt: skip
+    with pytest.raises(ValueError, match="block_k 8"):
+        ts.tree_gdn(*(torch.zeros(1, 2, 1, 16) for _ in range(2)), torch.zeros(1, 2, 1, 16),
+                    torch.zeros(1, 2, 1), torch.zeros(1, 2, 1), [-1, 0], torch.zeros(1, 1, 16, 16),
+                    config=ts.TreeScanConfig(plan_mode="wy", wy_block_k=8))  # fmt: skip
