@@ -410,7 +410,8 @@ def tree_gdn(
         return tree_gdn_wy(
             q, k, v, g, beta, parents, initial_state, scale, plan, cu_seqlens=cu_seqlens,
             state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            config=TreeWyConfig(block_v=config.wy_block_v, num_warps=config.wy_num_warps, block_k=config.wy_block_k), out=out, skip=skip,
+            config=TreeWyConfig(config.wy_block_v, config.wy_num_warps, config.wy_block_k), out=out,
+            skip=skip,
         )  # fmt: skip
     assert not isinstance(plan, WyPlan)
     if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]

@@ -486,7 +486,7 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK]`` -> the ``wy`` knobs (BK at ``TreeScanConfig``'s default when left out), e.g. ``32:4``."""
+    """``BV:warps[:BK]`` -> the ``wy`` knobs (BK at the served default if left out), e.g. ``32:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     try:

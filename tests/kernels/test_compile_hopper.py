@@ -42,8 +42,8 @@ for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, 
 wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu", "*i64": "anc",
                "*i8": "keep"})
 for bt, bv, kc in ((16, 32, 32), (32, 32, 32), (64, 16, 32), (32, 32, 128)):  # fp64 dots: the H200's DMMA
-    build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                                            USE_QK_L2NORM_IN_KERNEL=True))
+    build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv,
+                                            SQUARINGS=3, USE_QK_L2NORM_IN_KERNEL=True))
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
 for replay in (False, True):
     build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))
