@@ -533,7 +533,7 @@ def register(bench_app: typer.Typer) -> None:
             "each run with every swept plan mode.",
         ),
         wy_configs: str = typer.Option(
-            "16:4,32:4,32:8,64:8,32:4:16,32:8:16",
+            "16:4,32:4,32:8,32:4:16,64:8:16,128:8:16",
             "--wy-configs",
             help="Launch configs BV:warps[:BK] of the wy plan mode (BK: key-chunk width).",
         ),
