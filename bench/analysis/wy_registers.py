@@ -1,0 +1,73 @@
+"""Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
+
+Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
+tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`` instructions in its PTX and
+reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles spill, the chunked
+key loop does not, which is why ``wy_block_k`` exists.
+
+    python bench/analysis/wy_registers.py [BT:BV:KC:warps ...]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from lumotree.kernels import tree_wy
+
+CONFIGS = ("32:32:128:4", "32:32:32:4", "32:32:16:4", "32:32:32:8", "32:64:16:8", "32:128:16:8")
+SIGNATURE = {
+    **dict.fromkeys(("q", "k", "v", "o"), "*bf16"),
+    **dict.fromkeys(("g", "beta", "h0"), "*fp32"),
+    "scale": "fp32",
+    **dict.fromkeys(("h0_idx", "cu"), "*i32"),
+    "anc": "*i64",
+    "keep": "*i8",
+}
+
+
+def ptxas() -> str:
+    """The ptxas Triton itself uses for sm_90 (the newest one it bundles)."""
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in ("ptxas-blackwell", "ptxas"):
+        if os.path.exists(path := os.path.join(bindir, name)):
+            return path
+    raise SystemExit("no ptxas bundled with this Triton")
+
+
+def report(bt: int, bv: int, kc: int, warps: int) -> str:
+    fn = tree_wy._tree_wy_kernel
+    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
+                  USE_QK_L2NORM_IN_KERNEL=True)  # fmt: skip
+    src = ASTSource(fn, {**SIGNATURE, **dict.fromkeys(consts, "constexpr")},
+                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        res = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    info = res.stdout + res.stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    return (f"BT {bt} BV {bv} KC {kc} warps {warps}: {ptx.count('mma.sync.aligned.m8n8k4.row.col.f64')} "
+            f"fp64 mma, {regs.group(1) if regs else '?'} registers, "
+            f"{spill.group(1) if spill else '?'} bytes spilled")  # fmt: skip
+
+
+def main(configs: list[str]) -> None:
+    print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128)")
+    for text in configs:
+        bt, bv, kc, warps = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(CONFIGS))
