@@ -55,7 +55,7 @@ class TreeScanConfig:
     """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks the
     one-launch sidecar plan unless its recomputed prefixes more than double the node updates), or ``wy``:
     no paths at all, the whole tree in one matrix pass in fp64 (``kernels.tree_wy``; launch knobs
-    ``wy_block_v`` and ``wy_num_warps``, the scan's knobs unused)."""
+    ``wy_block_v``, ``wy_num_warps`` and ``wy_block_k``, the scan's knobs unused)."""
     tiles: int = 1
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
@@ -65,12 +65,12 @@ class TreeScanConfig:
     within ``pack`` times the longest path's; 0 = one path per program. Off by default: on the H200 the
     sidecar scan of hydra27 (padded rows skipped) took 0.869 ms unpacked, 0.888 at 1.5 and 1.103 at 1.0
     (BENCHMARKS.md, run 10); fewer, longer programs lose more latency hiding than the second wave costs."""
-    wy_block_v: int = 32
+    wy_block_v: int = TreeWyConfig.block_v
     """``wy``: value-tile width (at least 16, the dot's minimum); programs per head = V / wy_block_v, each
     recomputing the head's small tree matrices."""
-    wy_num_warps: int = 4
+    wy_num_warps: int = TreeWyConfig.num_warps
     """``wy``: warps per program."""
-    wy_block_k: int = 32
+    wy_block_k: int = TreeWyConfig.block_k
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536

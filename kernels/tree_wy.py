@@ -39,6 +39,17 @@ from .tree_plan import WyPlan, plan_wy
 
 
 @triton.jit
+def _fp64_operand(x):
+    """``x`` (a 2-D tile of any float dtype) in fp64, fit to be an fp64 dot operand on every Triton.
+
+    Triton up to 3.6 sizes a dot operand's register layout (kWidth) by the narrowest load it traces back to
+    through elementwise ops, and an fp64 operand traced to a bf16 load asks for a layout its fp64 MMA
+    lowering does not support (the compile aborts). A reduction over a unit axis is an exact copy that ends
+    that trace."""
+    return tl.sum(x.to(tl.float32).to(tl.float64)[:, :, None], 2)
+
+
+@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
@@ -66,9 +77,9 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        b_k = b_k.to(tl.float32).to(tl.float64)
+        b_k = _fp64_operand(b_k)
         b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        b_q = b_q.to(tl.float32).to(tl.float64)
+        b_q = _fp64_operand(b_q)
         b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0).to(tl.float64)  # fmt: skip
         kk += tl.dot(b_k, tl.trans(b_k))
@@ -97,7 +108,7 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     e_G = tl.exp(b_G)
     m_tv = m_t[:, None] & m_v[None, :]
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
-    b_v = b_v.to(tl.float32).to(tl.float64)
+    b_v = _fp64_operand(b_v)
     # U = (I + A)^-1 B as (I - A)(I + A^2)(I + A^4)... B: the factors commute
     b_u = b_beta[:, None] * (b_v - (e_G * r_k)[:, None] * ks)
     b_u = b_u - tl.dot(b_a, b_u)
@@ -121,9 +132,10 @@ class TreeWyConfig:
     block_v: int = 32
     """Value-tile width, at least 16 (the dot's minimum): programs per (sequence, head) = V / block_v. Each
     recomputes the head's small tree matrices, so narrower tiles buy parallelism with repeated work."""
-    num_warps: int = 4
-    """Warps per program."""
-    block_k: int = 32
+    num_warps: int = 8
+    """Warps per program. With 8 warps and 16-column key chunks a 32-wide tile spills no registers on sm_90
+    under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``); with 4, or 32-column chunks, it does."""
+    block_k: int = 16
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
     columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers)."""
 

@@ -5,7 +5,7 @@
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
 # Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
 # times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy serve the matrix-form verifier
-# (plan_mode=wy); step profile_graphs profiles CUDA-graph steps, whose
+# (plan_mode=wy; arms_wy the fastest config gdn_wy found within the paired rule); step profile_graphs profiles CUDA-graph steps, whose
 # device idle gaps show the host work a step cannot hide; step probe times a node of the scan taken apart
 # (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
@@ -36,6 +36,19 @@ run_step() {  # name cap command...
   tail -n 25 "$out/$name.log"
   [ $rc -eq 0 ] || status=1
 }
+wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy within the paired rule
+  python3 - "$out/gdn_27b_wy.json" <<'EOF'
+import json, sys
+try:
+    sweep = json.load(open(sys.argv[1]))["verify_sweep"]
+except (OSError, KeyError, ValueError):
+    sweep = []  # gdn_wy did not run or failed: the default wy config
+ok = [r for r in sweep if r["plan"] == "wy" and r["cells_outside_paired_bound"] == 0]
+best = min(ok, key=lambda r: (r.get("graph") or r["eager"])["median_ms"], default=None)
+knobs = ("wy_block_v", "wy_num_warps", "wy_block_k")
+print(",".join(["plan_mode=wy", *(f"{k}={best[k]}" for k in knobs if best)]))
+EOF
+}
 for s in "${steps[@]}"; do
   case $s in
     env) run_step env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
@@ -62,7 +75,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
-    arms_wy) run_step arms_wy 300 env LUMOTREE_TREE_SCAN=plan_mode=wy "${lt[@]}" bench arms --shapes 27b --device cuda \
+    arms_wy) scan=$(wy_scan); echo "arms_wy serves LUMOTREE_TREE_SCAN=$scan" | tee -a "$out/steps.txt"
+      run_step arms_wy 300 env LUMOTREE_TREE_SCAN="$scan" "${lt[@]}" bench arms --shapes 27b --device cuda \
       --draft-vocab 32768 --json --out "$out/arms_27b_wy.json" ;;
     arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;

@@ -1,15 +1,16 @@
 """Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`` instructions in its PTX and
-reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles spill, the chunked
-key loop does not, which is why ``wy_block_k`` exists.
+tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`` instructions per shape in
+its PTX and reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles spill,
+the chunked key loop does not, which is why ``wy_block_k`` exists.
 
     python bench/analysis/wy_registers.py [BT:BV:KC:warps ...]
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import subprocess
@@ -22,7 +23,17 @@ from triton.compiler import ASTSource
 
 from lumotree.kernels import tree_wy
 
-CONFIGS = ("32:32:128:4", "32:32:32:4", "32:32:16:4", "32:32:32:8", "32:64:16:8", "32:128:16:8")
+CONFIGS = (
+    "32:32:128:4",
+    "32:32:32:4",
+    "32:16:16:4",
+    "32:32:16:8",
+    "32:64:16:4",
+    "32:64:16:8",
+    "32:64:32:8",
+    "32:128:16:8",
+    "32:128:32:8",
+)
 SIGNATURE = {
     **dict.fromkeys(("q", "k", "v", "o"), "*bf16"),
     **dict.fromkeys(("g", "beta", "h0"), "*fp32"),
@@ -57,9 +68,11 @@ def report(bt: int, bv: int, kc: int, warps: int) -> str:
     info = res.stdout + res.stderr
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
-    return (f"BT {bt} BV {bv} KC {kc} warps {warps}: {ptx.count('mma.sync.aligned.m8n8k4.row.col.f64')} "
-            f"fp64 mma, {regs.group(1) if regs else '?'} registers, "
-            f"{spill.group(1) if spill else '?'} bytes spilled")  # fmt: skip
+    # sm_90 has fp64 MMA in shapes m8n8k4 and m16n8k{4,8,16}; Triton versions differ in the one they emit
+    mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
+    shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
+    used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
 def main(configs: list[str]) -> None:

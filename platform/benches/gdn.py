@@ -533,9 +533,10 @@ def register(bench_app: typer.Typer) -> None:
             "each run with every swept plan mode.",
         ),
         wy_configs: str = typer.Option(
-            "16:4,32:4,32:8,32:4:16,64:8:16,128:8:16",
+            "16:4:16,32:8:16,64:4:16,64:8:16,64:8:32,128:8:16,128:8:32",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK] of the wy plan mode (BK: key-chunk width).",
+            help="Launch configs BV:warps[:BK] of the wy plan mode (BK: key-chunk width); the default "
+            "ones spill no registers on sm_90 (bench/analysis/wy_registers.py).",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
