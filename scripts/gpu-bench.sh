@@ -5,9 +5,9 @@
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
 # Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
 # times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy serve the matrix-form verifier
-# (plan_mode=wy; arms_wy the fastest config gdn_wy found within the paired rule); step profile_graphs profiles CUDA-graph steps, whose
-# device idle gaps show the host work a step cannot hide; step probe times a node of the scan taken apart
-# (bench/analysis/scan_probe.py).
+# (plan_mode=wy; arms_wy the fastest config gdn_wy found within the paired rule); step profile_graphs profiles
+# CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
+# the scan taken apart (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
 # and a failing step is recorded and skipped so one broken piece never costs the others).
 set -uo pipefail
