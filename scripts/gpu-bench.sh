@@ -40,13 +40,12 @@ wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy w
   python3 - "$out/gdn_27b_wy.json" <<'EOF'
 import json, sys
 try:
-    sweep = json.load(open(sys.argv[1]))["verify_sweep"]
+    best = json.load(open(sys.argv[1]))["verify_fastest_within_rule_per_plan"]["wy"]
 except (OSError, KeyError, ValueError):
-    sweep = []  # gdn_wy did not run or failed: the default wy config
-ok = [r for r in sweep if r["plan"] == "wy" and r["cells_outside_paired_bound"] == 0]
-best = min(ok, key=lambda r: (r.get("graph") or r["eager"])["median_ms"], default=None)
-knobs = ("wy_block_v", "wy_num_warps", "wy_block_k")
-print(",".join(["plan_mode=wy", *(f"{k}={best[k]}" for k in knobs if best)]))
+    best = {}  # gdn_wy did not run or failed: the default wy config
+if best.get("cells_outside_paired_bound", 0):
+    best = {}  # no wy config kept to the rule: the default, whose audit will say so
+print(",".join(["plan_mode=wy", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))
 EOF
 }
 for s in "${steps[@]}"; do

@@ -33,6 +33,12 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
     assert {(r["plan"], r["block_v"]) for r in sweep if r["plan"] != "wy"} == want
     assert {r["wy_block_v"] for r in sweep if r["plan"] == "wy"} == {16, 32}
+    per_plan = res["verify_fastest_within_rule_per_plan"]  # what scripts/gpu-bench.sh serves arms_wy with
+    assert set(per_plan) == {"levels", "flat", "side", "sidecar", "split", "wy"}
+    assert all(
+        best["plan"] == plan and best["cells_outside_paired_bound"] == 0 for plan, best in per_plan.items()
+    )
+    assert per_plan["wy"]["wy_block_v"] in (16, 32) and res["verify_fastest_within_rule"] in per_plan.values()
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])
     chains = res["chain_sweep"]  # the served scan over chains of 1, 2 and 4 of the tree's rows
     assert chains["lengths"] == [1, 2, 4] and len(chains["verify_ms"]) == 3
