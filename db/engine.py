@@ -3,12 +3,15 @@
 SQLite's deferred transactions fail at once with "database is locked" when two writers upgrade their read
 locks at the same time (the busy timeout cannot help there), so write transactions start with
 ``BEGIN IMMEDIATE``: use ``write_engine(engine)`` for them. Readers stay deferred so the dashboard never
-queues behind the orchestrator.
+queues behind the orchestrator. Switching a fresh file to WAL has the same lock upgrade, so it is retried.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,21 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+def _enable_wal(cursor: Any, busy_ms: int) -> None:
+    """``PRAGMA journal_mode=WAL``, retried for up to ``busy_ms``: processes opening a fresh file at once
+    (orchestrator workers, the dashboard) each hold a read lock while converting it, and SQLite answers all
+    but one "database is locked" at once, without waiting on the busy timeout, to avoid a deadlock."""
+    deadline = time.monotonic() + busy_ms / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))  # jitter: the racers must not retry in step
+
+
 def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
     """An engine for ``url`` (see ``normalize_url``); SQLite gets WAL, a busy timeout and foreign keys."""
     url = normalize_url(url)
@@ -60,7 +78,7 @@ def make_engine(url: str | None = None, **kwargs: Any) -> Engine:
         # Let SQLAlchemy own transaction boundaries (pysqlite's implicit BEGIN is deferred and ill-timed).
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _enable_wal(cursor, busy_ms)
         cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
