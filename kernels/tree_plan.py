@@ -479,6 +479,26 @@ def plan_paths(
     return _plan_cached(p, cu, mode, frozenset(int(r) for r in skip))
 
 
+def plan_tree(
+    parents: Sequence[int] | torch.Tensor,
+    cu_seqlens: Sequence[int] | torch.Tensor | None = None,
+    mode: str = "auto",
+    skip: Sequence[int] = (),
+    wy_max_rows: int = 0,
+) -> PathPlan | WyPlan:
+    """The verify plan of a packed batch of trees for a ``TreeScanConfig.plan_mode``: the matrix-form
+    verifier's tables for ``wy``, and for ``auto`` when no sequence has more than ``wy_max_rows`` rows;
+    otherwise a scan's path plan (``plan_paths``). Arguments as ``plan_paths``."""
+    if mode == "auto" and wy_max_rows:
+        if cu_seqlens is None:
+            longest = len(parents)
+        else:
+            cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
+            longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+        mode = "wy" if longest <= wy_max_rows else mode
+    return plan_wy(parents, cu_seqlens, skip) if mode == "wy" else plan_paths(parents, cu_seqlens, mode, skip)
+
+
 # ------------------------------------------------- tables of the matrix-form verifier (kernels.tree_wy)
 
 MAX_ROWS = 64

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, WyPlan, plan_paths
+from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, WyPlan, plan_tree
 from .tree_wy import TreeWyConfig, tree_gdn_wy
 
 TREE_METHODS = (*PLAN_MODES, "wy")
@@ -52,10 +52,11 @@ class TreeScanConfig:
     num_stages: int = 3
     """Software pipelining depth of the node loop (operand prefetch)."""
     plan_mode: str = "auto"
-    """How a tree is cut into paths when no plan is given (``tree_plan.PLAN_MODES``; ``auto`` picks the
-    one-launch sidecar plan unless its recomputed prefixes more than double the node updates), or ``wy``:
+    """How a tree is verified when no plan is given: cut into paths (``tree_plan.PLAN_MODES``; ``auto``
+    picks the one-launch sidecar plan unless its recomputed prefixes more than double the node updates, and
+    ``wy`` for trees of at most ``wy_max_rows`` rows), or ``wy``:
     no paths at all, the whole tree in one matrix pass in fp64 (``kernels.tree_wy``; launch knobs
-    ``wy_block_v``, ``wy_num_warps`` and ``wy_block_k``, the scan's knobs unused)."""
+    ``wy_block_v``, ``wy_num_warps``, ``wy_block_k`` and ``wy_prefetch``, the scan's knobs unused)."""
     tiles: int = 1
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
@@ -72,10 +73,21 @@ class TreeScanConfig:
     """``wy``: warps per program."""
     wy_block_k: int = TreeWyConfig.block_k
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
+    wy_prefetch: int = TreeWyConfig.prefetch
+    """``wy``: loads issued ahead of their use (``TreeWyConfig.prefetch``: 0, 1 or 2)."""
+    wy_max_rows: int = 32
+    """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
+    Its outputs round differently from native decoding's, within the audit's paired rule, where the
+    sidecar scan's equal them bit for bit. On the H100 wy verified hydra27 (32 rows) in 0.74 ms against the
+    sidecar scan's 0.88 over 48 layers, and 64-row trees more slowly (BENCHMARKS.md, run 11)."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
     hence the rounding, is the same. On the H200 no cap from 96 to 168 beat none (BENCHMARKS.md, run 9)."""
+
+    def wy_config(self) -> TreeWyConfig:
+        """The ``wy_*`` knobs as the matrix-form verifier's own config."""
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_prefetch)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
@@ -405,27 +417,25 @@ def tree_gdn(
     """
     if output_node_states:
         raise ValueError("the Triton tree scan returns outputs only; use tree_gdn_ref for node states")
-    if config.plan_mode == "wy" or isinstance(plan, WyPlan):
-        assert plan is None or isinstance(plan, WyPlan), "a path plan given to the wy method"
-        return tree_gdn_wy(
-            q, k, v, g, beta, parents, initial_state, scale, plan, cu_seqlens=cu_seqlens,
-            state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            config=TreeWyConfig(config.wy_block_v, config.wy_num_warps, config.wy_block_k), out=out,
-            skip=skip,
-        )  # fmt: skip
-    assert not isinstance(plan, WyPlan)
-    if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]
-        assert initial_state.dim() == 3 and state_indices is None and cu_seqlens is None
-        o, _ = tree_gdn(
-            q[None], k[None], v[None], g[None], beta[None], parents, initial_state[None], scale, plan,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cut_buffer=cut_buffer,
-            out=None if out is None else out[None], skip=skip,
-        )  # fmt: skip
-        return o[0], None
     if plan is None:
         if parents is None:
             raise ValueError("need parents or a plan")
-        plan = plan_paths(parents, cu_seqlens, mode=config.plan_mode, skip=skip)
+        plan = plan_tree(parents, cu_seqlens, config.plan_mode, skip, config.wy_max_rows)
+    if isinstance(plan, WyPlan):
+        return tree_gdn_wy(
+            q, k, v, g, beta, None, initial_state, scale, plan, cu_seqlens=cu_seqlens,
+            state_indices=state_indices, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            config=config.wy_config(), out=out,
+        )  # fmt: skip
+    assert config.plan_mode != "wy", "a path plan given to the wy method"
+    if q.dim() == 3:  # one sequence without the batch dim: q [N, H, K], initial_state [HV, K, V]
+        assert initial_state.dim() == 3 and state_indices is None and cu_seqlens is None
+        o, _ = tree_gdn(
+            q[None], k[None], v[None], g[None], beta[None], None, initial_state[None], scale, plan,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, config=config, cut_buffer=cut_buffer,
+            out=None if out is None else out[None],
+        )  # fmt: skip
+        return o[0], None
     B, R, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert B == 1 and R == plan.num_rows, f"q {tuple(q.shape)} vs plan of {plan.num_rows} rows"

@@ -5,7 +5,7 @@
 # built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
 # Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
 # times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy serve the matrix-form verifier
-# (plan_mode=wy; arms_wy the fastest config gdn_wy found within the paired rule); step profile_graphs profiles
+# (plan_mode=wy; arms_wy the fastest config gdn_wy, else gdn, found within the paired rule); step profile_graphs profiles
 # CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
 # the scan taken apart (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
@@ -36,13 +36,16 @@ run_step() {  # name cap command...
   tail -n 25 "$out/$name.log"
   [ $rc -eq 0 ] || status=1
 }
-wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy within the paired rule
-  python3 - "$out/gdn_27b_wy.json" <<'EOF'
+wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy (else gdn) within the paired rule
+  python3 - "$out/gdn_27b_wy.json" "$out/gdn_27b.json" <<'EOF'
 import json, sys
-try:
-    best = json.load(open(sys.argv[1]))["verify_fastest_within_rule_per_plan"]["wy"]
-except (OSError, KeyError, ValueError):
-    best = {}  # gdn_wy did not run or failed: the default wy config
+best = {}  # neither step ran or found one: the default wy config
+for path in sys.argv[1:]:
+    try:
+        best = json.load(open(path))["verify_fastest_within_rule_per_plan"]["wy"]
+        break
+    except (OSError, KeyError, ValueError):
+        pass
 if best.get("cells_outside_paired_bound", 0):
     best = {}  # no wy config kept to the rule: the default, whose audit will say so
 print(",".join(["plan_mode=wy", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))

@@ -26,19 +26,19 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     assert res["rows"] == 4 and res["lumotree"]["eager"]["total"]["median_ms"] > 0
     acc = res["accuracy"]
     assert acc["state_bitwise_vs_per_layer_replay"] and acc["max_err_tree_vs_f64"] < 1e-5
-    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16, the served 32:8:16 added), all
+    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16, the served 64:8:16:1 added), all
     # checked against float64
     sweep = res["verify_sweep"]
     assert len(sweep) == 12 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
     want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
     assert {(r["plan"], r["block_v"]) for r in sweep if r["plan"] != "wy"} == want
-    assert {r["wy_block_v"] for r in sweep if r["plan"] == "wy"} == {16, 32}
+    assert {r["wy_block_v"] for r in sweep if r["plan"] == "wy"} == {16, 64}
     per_plan = res["verify_fastest_within_rule_per_plan"]  # what scripts/gpu-bench.sh serves arms_wy with
     assert set(per_plan) == {"levels", "flat", "side", "sidecar", "split", "wy"}
     assert all(
         best["plan"] == plan and best["cells_outside_paired_bound"] == 0 for plan, best in per_plan.items()
     )
-    assert per_plan["wy"]["wy_block_v"] in (16, 32) and res["verify_fastest_within_rule"] in per_plan.values()
+    assert per_plan["wy"]["wy_block_v"] in (16, 64) and res["verify_fastest_within_rule"] in per_plan.values()
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])
     chains = res["chain_sweep"]  # the served scan over chains of 1, 2 and 4 of the tree's rows
     assert chains["lengths"] == [1, 2, 4] and len(chains["verify_ms"]) == 3
@@ -65,13 +65,17 @@ def test_gdn_bench_config_syntax() -> None:
 
 
 def test_gdn_bench_wy_config_syntax() -> None:
-    """``--wy-configs`` items: BV:warps[:BK], BK defaulting to the served key chunk; bad items are refused."""
+    """``--wy-configs`` items: BV:warps[:BK[:prefetch]], the ones left out at the served defaults; bad items
+    are refused."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.platform.benches.gdn import _config_text, _parse_wy_config
 
-    assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128}
-    assert _parse_wy_config("16:4")["wy_block_k"] == TreeScanConfig().wy_block_k
-    assert _config_text(_parse_wy_config("32:4:64")) == "32:4:64"
-    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:1", "a:b"):
+    served = TreeScanConfig()
+    assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128,
+                                            "wy_prefetch": served.wy_prefetch}  # fmt: skip
+    assert _parse_wy_config("16:4")["wy_block_k"] == served.wy_block_k
+    assert _parse_wy_config("16:4:32:2")["wy_prefetch"] == 2
+    assert _config_text(_parse_wy_config("32:4:64:0")) == "32:4:64:0"
+    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:3", "32:4:64:1:1", "a:b"):
         with pytest.raises(ValueError):
             _parse_wy_config(bad)

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lumotree.kernels.tree_plan import plan_paths
+from lumotree.kernels.tree_plan import WyPlan, plan_paths, plan_tree
 
 HYDRA_DRAFT_PARENT = [-1, -1, -1, 0, 0, 0, 1, 2, 3, 3, 3, 6, 7, 8, 8, 8, 11, 12, 13, 13, 13, 16, 17, 18, 22,
                       23, 24, 25, 27, 28, 29]  # fmt: skip
@@ -139,6 +139,17 @@ def test_auto_mode_picks_one_launch_only_when_recomputation_stays_small() -> Non
     assert auto.mode == "levels" and sum(auto.path_lengths) == len(comb)
     with pytest.raises(ValueError, match="unknown plan mode"):
         plan_paths(HYDRA, mode="bogus")
+
+
+def test_plan_tree_sends_small_trees_to_wy_under_auto() -> None:
+    """``auto`` with ``wy_max_rows``: the matrix form when no packed sequence is longer, path plans else."""
+    assert isinstance(plan_tree(HYDRA, wy_max_rows=32), WyPlan)
+    assert plan_tree(HYDRA, wy_max_rows=31).mode == "sidecar" == plan_tree(HYDRA).mode  # 0 = never
+    two = HYDRA + [-1, 0, 1]
+    assert isinstance(plan_tree(two, [0, 32, 35], wy_max_rows=32), WyPlan)  # each sequence fits
+    assert plan_tree(two, [0, 32, 35], wy_max_rows=16).mode == "sidecar"
+    assert plan_tree(HYDRA, mode="levels", wy_max_rows=32).mode == "levels"  # only auto picks wy
+    assert isinstance(plan_tree([-1, *range(40)], mode="wy"), WyPlan)
 
 
 def test_skipped_padded_rows_leave_every_path(shared_data) -> None:

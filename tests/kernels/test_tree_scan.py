@@ -74,7 +74,7 @@ def test_scan_matches_reference_and_float64(name: str, mode: str) -> None:
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=16, seed=n)
     plan = tree_plan.plan_paths(parents, mode=mode)
     kw = dict(scale=0.25, use_qk_l2norm_in_kernel=True)
-    cfg = ts.TreeScanConfig(block_v=8)
+    cfg = ts.TreeScanConfig(block_v=8, wy_max_rows=0)  # the native chains below: a path plan, never wy
     o, _ = ts.tree_gdn(q, k, v, g, beta, parents, h0, plan=plan, config=cfg, **kw)
     o_ref, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, **kw)
     o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, **kw)
@@ -104,7 +104,9 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     parents = TREES[name]
     n = len(parents)
     q, k, v, g, beta, h0 = make_inputs(n, 1, h=1, hv=2, kd=16, vd=40, seed=11)
-    cfg = lambda tiles, mode, pack: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, pack=pack)
+    # wy_max_rows=0: auto among the path plans (wy rounds differently; tests/kernels/test_tree_wy.py)
+    cfg = lambda tiles, mode, pack: ts.TreeScanConfig(block_v=8, tiles=tiles, plan_mode=mode, pack=pack,
+                                                      wy_max_rows=0)  # fmt: skip
     run = lambda tiles, mode, pack=0.0: ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25,
                                                     config=cfg(tiles, mode, pack))[0]  # fmt: skip
     base = run(1, "levels")
@@ -121,7 +123,7 @@ def test_two_tiles_and_plans_give_the_same_bits(name: str) -> None:
     ):
         assert torch.equal(run(tiles, mode, pack), base), (tiles, mode, pack)
     with pytest.raises(AssertionError, match="tiles"):
-        ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3))
+        ts.tree_gdn(q, k, v, g, beta, parents, h0, 0.25, config=ts.TreeScanConfig(tiles=3, wy_max_rows=0))
 
 
 @pytest.mark.parametrize("mode", ["levels", "sidecar", "split"])
@@ -158,7 +160,9 @@ def test_batched_trees_with_state_indices_and_bf16() -> None:
     idx = torch.tensor([2, 0], dtype=torch.int32)
     kw = dict(cu_seqlens=cu, state_indices=idx, use_qk_l2norm_in_kernel=True)
     before = pool.clone()
-    o, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=ts.TreeScanConfig(block_v=8), **kw)
+    o, _ = ts.tree_gdn(
+        q, k, v, g, beta, parents, pool, config=ts.TreeScanConfig(block_v=8, wy_max_rows=0), **kw
+    )
     o_ref, _ = tree_gdn_ref(q, k, v, g, beta, parents, pool, **kw)
     assert o.dtype == torch.bfloat16
     torch.testing.assert_close(o.float(), o_ref.float(), rtol=1e-2, atol=1e-2)
