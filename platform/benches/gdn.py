@@ -215,7 +215,7 @@ def run_gdn_bench(
     def verify_rows(n: int, cfg: Any) -> Any:
         """The scan over a chain of the first ``n`` rows' operands, every layer (the served plan mode)."""
         chain = [-1, *range(n - 1)]
-        plan = plan_tree(chain, mode=cfg.plan_mode)
+        plan = plan_tree(chain, mode=cfg.plan_mode, wy_max_rows=cfg.wy_max_rows)
 
         def fn() -> None:
             for li in range(L):

@@ -52,7 +52,9 @@ def test_rows_kernel_rounds_like_the_tree_scan_and_padding_is_identity() -> None
     T = 4
     q, k, v, g, beta = _operands(B=1, T=T, h=2, hv=4, kd=16, vd=16, seed=2)
     pool = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(3))
-    o_chain, _ = ts.tree_gdn(q[0], k[0], v[0], g[0], beta[0], list(range(-1, T - 1)), pool[1].clone(), 0.3)
+    scan = ts.TreeScanConfig(wy_max_rows=0)  # a path plan: wy rounds differently (within the paired rule)
+    o_chain, _ = ts.tree_gdn(q[0], k[0], v[0], g[0], beta[0], list(range(-1, T - 1)), pool[1].clone(), 0.3,
+                             config=scan)  # fmt: skip
     work = pool.clone()
     o = gd.decode_rows_(q, k, v, g, beta, 0.3, work, torch.tensor([1]))
     assert torch.equal(o[0], o_chain)
