@@ -10,6 +10,8 @@ G_i = sum of g over anc(i), and committed state S0 [K, V] of its sequence, the p
 i.e. (I + A) U = B with A strictly lower triangular (nonzero only from a node to its strict ancestors), and
 O = e^G (Q S0) + P U. A is nilpotent: A^d = 0 beyond the tree's depth d, so
 (I + A)^-1 = (I - A)(I + A^2)(I + A^4)... with ceil(log2(d + 1)) factors, a few small matrix products.
+The kernel folds them into W = P (I + A)^-1, a [BT, BT] matrix whatever the value tile's width, so that
+O = e^G (Q S0) + W B costs one product with the value tile instead of one per factor.
 Every node is computed at once from S0 by matrix products: no sequential chain over the tree's depth,
 no cut states, no per-node reductions.
 
