@@ -56,7 +56,7 @@ class TreeScanConfig:
     picks the one-launch sidecar plan unless its recomputed prefixes more than double the node updates, and
     ``wy`` for trees of at most ``wy_max_rows`` rows), or ``wy``:
     no paths at all, the whole tree in one matrix pass in fp64 (``kernels.tree_wy``; launch knobs
-    ``wy_block_v``, ``wy_num_warps``, ``wy_block_k`` and ``wy_prefetch``, the scan's knobs unused)."""
+    ``wy_block_v``, ``wy_num_warps`` and ``wy_block_k``, the scan's knobs unused)."""
     tiles: int = 1
     """Value tiles per program (1 or 2). Each tile is its own [K, BV] tensor with fla's layout, so the
     rounding does not change; two tiles share the q and k loads, one tile runs the unrolled plain walk (the
@@ -73,13 +73,11 @@ class TreeScanConfig:
     """``wy``: warps per program."""
     wy_block_k: int = TreeWyConfig.block_k
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
-    wy_prefetch: int = TreeWyConfig.prefetch
-    """``wy``: loads issued ahead of their use (``TreeWyConfig.prefetch``: 0, 1 or 2)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
-    sidecar scan's equal them bit for bit. On the H100 wy verified hydra27 (32 rows) in 0.74 ms against the
-    sidecar scan's 0.88 over 48 layers, and 64-row trees more slowly (BENCHMARKS.md, run 11)."""
+    sidecar scan's equal them bit for bit. On the H100 wy verified hydra27 (32 rows) in 0.68 ms against the
+    sidecar scan's 0.87 over 48 layers, and 64-row trees more slowly (BENCHMARKS.md, run 11)."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
@@ -87,7 +85,7 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_prefetch)
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

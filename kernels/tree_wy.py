@@ -52,26 +52,10 @@ def _fp64_operand(x):
 
 
 @triton.jit
-def _key_chunk(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, k0, H: tl.constexpr, HV: tl.constexpr,
-               K: tl.constexpr, V: tl.constexpr, KC: tl.constexpr):  # fmt: skip
-    """Key columns [k0, k0 + KC) of the tree's k and q rows ([BT, KC], as stored) and of the committed state
-    ([KC, BV] fp32); nothing is read past K (the prefetch after the last chunk loads nothing)."""
-    o_k = k0 + tl.arange(0, KC)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-    b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                  mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
-    return b_k, b_q, b_s
-
-
-@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, PREFETCH: tl.constexpr,
-                    EARLY_V: tl.constexpr):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -82,36 +66,35 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     rows = (bos + o_t).to(tl.int64)
     i_n = tl.load(h0_idx + i_s).to(tl.int64)
     m_tv = m_t[:, None] & m_v[None, :]
-    # Every load that does not depend on the key loop is issued before it, so its latency hides behind the
-    # loop's products instead of following them.
+    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
+    # its products (the value tile's too, or chunks of the loop issued one iteration ahead, cost registers
+    # and time on the H100: BENCHMARKS.md, run 11).
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    if EARLY_V:
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
-    # registers on sm_90 (ptxas -v). Each chunk's loads are issued one iteration ahead (the products of a
-    # chunk hide the next one's latency). The l2norm and q's scale are row scalings, applied afterwards.
+    # registers on sm_90 (ptxas -v). The l2norm and q's scale are row scalings, applied afterwards.
     kk = tl.zeros([BT, BT], dtype=tl.float64)
     qk = tl.zeros([BT, BT], dtype=tl.float64)
     ks = tl.zeros([BT, BV], dtype=tl.float64)
     qs = tl.zeros([BT, BV], dtype=tl.float64)
     ss_k = tl.zeros([BT], dtype=tl.float64)
     ss_q = tl.zeros([BT], dtype=tl.float64)
-    n_k, n_q, n_s = _key_chunk(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, 0, H, HV, K, V, KC)
     for k0 in tl.range(0, BK, KC):
-        if PREFETCH:
-            c_k, c_q, c_s = n_k, n_q, n_s
-            n_k, n_q, n_s = _key_chunk(
-                q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, k0 + KC, H, HV, K, V, KC
-            )
-        else:
-            c_k, c_q, c_s = _key_chunk(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, k0, H, HV, K, V, KC)
-        b_k = _fp64_operand(c_k)
-        b_q = _fp64_operand(c_q)
-        b_s = c_s.to(tl.float64)
+        o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        # all three loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under
+        # Triton 3.6, against 32 bytes spilled with each load converted in turn
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        b_k = _fp64_operand(b_k)
+        b_q = _fp64_operand(b_q)
+        b_s = b_s.to(tl.float64)
         kk += tl.dot(b_k, tl.trans(b_k))
         qk += tl.dot(b_q, tl.trans(b_k))
         ks += tl.dot(b_k, b_s)
@@ -140,8 +123,7 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         b_a = tl.dot(b_a, b_a)
         b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
-    if not EARLY_V:
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
     b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
     b_o = tl.where(kept[:, None], b_o, 0.0)
@@ -158,16 +140,15 @@ class TreeWyConfig:
 
     block_v: int = 64
     """Value-tile width, at least 16 (the dot's minimum): programs per (sequence, head) = V / block_v. Each
-    recomputes the head's small tree matrices, so narrower tiles buy parallelism with repeated work."""
-    num_warps: int = 8
-    """Warps per program. With 8 warps and 16-column key chunks a 64-wide tile spills no registers on sm_90
-    under Triton 3.6 or 3.9 at any ``prefetch`` (``bench/analysis/wy_registers.py``)."""
+    recomputes the head's small tree matrices, so narrower tiles buy parallelism with repeated work. For
+    hydra27 at the 27B heads on the H100, 64 with 4 warps was the fastest (BENCHMARKS.md, run 11): 0.677 ms
+    over 48 layers, against 0.770 with 8 warps, 0.910 at 128 and 2.09 at 32."""
+    num_warps: int = 4
+    """Warps per program. With 4 warps and 16-column key chunks a 64-wide tile spills no registers on sm_90
+    under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``)."""
     block_k: int = 16
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
     columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers)."""
-    prefetch: int = 1
-    """Loads issued ahead of their use, to hide their latency behind the products at a cost in registers:
-    0 none, 1 each key chunk's loads one iteration ahead, 2 also the value tile's before the key loop."""
 
 
 def tree_gdn_wy(
@@ -220,14 +201,11 @@ def tree_gdn_wy(
     for name in ("block_v", "block_k"):
         if (width := getattr(config, name)) < 16 or width & (width - 1):
             raise ValueError(f"{name} {width}: a power of two of at least 16")
-    if config.prefetch not in (0, 1, 2):
-        raise ValueError(f"prefetch {config.prefetch}: 0, 1 or 2")
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        PREFETCH=config.prefetch >= 1, EARLY_V=config.prefetch >= 2, num_warps=config.num_warps,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, num_warps=config.num_warps,
     )  # fmt: skip
     return o, None

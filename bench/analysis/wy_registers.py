@@ -1,11 +1,11 @@
 """Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps, prefetch) with the installed Triton, counts ``mma.sync ... f64`` instructions per
+tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`` instructions per
 shape in its PTX and reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles
 spill, the chunked key loop does not, which is why ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [BT:BV:KC:warps[:prefetch] ...]
+    python bench/analysis/wy_registers.py [BT:BV:KC:warps ...]
 """
 
 from __future__ import annotations
@@ -24,15 +24,13 @@ from triton.compiler import ASTSource
 from lumotree.kernels import tree_wy
 
 CONFIGS = (
-    "32:32:128:4:0",
-    "32:32:16:8:0",
-    "32:64:16:4:0",
-    "32:64:16:4:1",
-    "32:64:16:8:0",
-    "32:64:16:8:1",
-    "32:64:16:8:2",
-    "32:128:16:8:0",
-    "32:128:16:8:1",
+    "32:32:128:4",
+    "32:32:16:8",
+    "32:64:16:4",
+    "32:64:16:8",
+    "32:64:32:4",
+    "32:128:16:8",
+    "64:64:16:4",
 )
 SIGNATURE = {
     **dict.fromkeys(("q", "k", "v", "o"), "*bf16"),
@@ -53,10 +51,10 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, prefetch: int) -> str:
+def report(bt: int, bv: int, kc: int, warps: int) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=True, PREFETCH=prefetch >= 1, EARLY_V=prefetch >= 2)  # fmt: skip
+                  USE_QK_L2NORM_IN_KERNEL=True)  # fmt: skip
     src = ASTSource(fn, {**SIGNATURE, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
@@ -72,14 +70,14 @@ def report(bt: int, bv: int, kc: int, warps: int, prefetch: int) -> str:
     mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
     shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    return f"BT {bt} BV {bv} KC {kc} warps {warps} prefetch {prefetch}: {shapes} fp64 mma, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
 def main(configs: list[str]) -> None:
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128)")
     for text in configs:
-        bt, bv, kc, warps, *rest = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps, *(rest or [tree_wy.TreeWyConfig.prefetch])), flush=True)
+        bt, bv, kc, warps = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps), flush=True)
 
 
 if __name__ == "__main__":

@@ -456,8 +456,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_prefetch")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:prefetch]]``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -494,22 +494,19 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:prefetch]]`` -> the ``wy`` knobs (the ones left out at the served defaults), e.g.
-    ``32:4``."""
+    """``BV:warps[:BK]`` -> the ``wy`` knobs (BK at the served default if left out), e.g. ``32:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     try:
         values = [int(x) for x in text.split(":")]
     except ValueError:
         values = []
-    if not 2 <= len(values) <= 4:
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:prefetch]] (two to four integers)")
-    base = TreeScanConfig()
-    bv, warps, bk, prefetch = (*values, *(base.wy_block_k, base.wy_prefetch)[len(values) - 2 :])
-    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or prefetch not in (0, 1, 2):
-        raise ValueError(f"{text!r}: BV and BK must be powers of two of at least 16, warps positive, "
-                         "prefetch 0, 1 or 2")  # fmt: skip
-    return dict(zip(WY_KNOBS, (bv, warps, bk, prefetch), strict=True))
+    if not 2 <= len(values) <= 3:
+        raise ValueError(f"{text!r} is not BV:warps[:BK] (two or three integers)")
+    bv, warps, bk = (*values, TreeScanConfig().wy_block_k)[:3]
+    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1:
+        raise ValueError(f"{text!r}: BV and BK must be powers of two of at least 16, warps positive")
+    return dict(zip(WY_KNOBS, (bv, warps, bk), strict=True))
 
 
 def _config_text(values: dict[str, int] | dict[str, float]) -> str:
@@ -544,11 +541,10 @@ def register(bench_app: typer.Typer) -> None:
             "each run with every swept plan mode.",
         ),
         wy_configs: str = typer.Option(
-            "32:8:16:0,64:4:16:0,64:4:16:1,64:8:16:0,64:8:16:1,64:8:16:2,128:8:16:0,128:8:16:1",
+            "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:prefetch]] of the wy plan mode (BK: key-chunk width; "
-            "prefetch: TreeWyConfig.prefetch); registers and spills per config on sm_90: "
-            "bench/analysis/wy_registers.py.",
+            help="Launch configs BV:warps[:BK] of the wy plan mode (BK: key-chunk width); registers and "
+            "spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."

@@ -26,7 +26,7 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     assert res["rows"] == 4 and res["lumotree"]["eager"]["total"]["median_ms"] > 0
     acc = res["accuracy"]
     assert acc["state_bitwise_vs_per_layer_replay"] and acc["max_err_tree_vs_f64"] < 1e-5
-    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16, the served 64:8:16:1 added), all
+    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16, the served 64:4:16 added), all
     # checked against float64
     sweep = res["verify_sweep"]
     assert len(sweep) == 12 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
@@ -65,17 +65,13 @@ def test_gdn_bench_config_syntax() -> None:
 
 
 def test_gdn_bench_wy_config_syntax() -> None:
-    """``--wy-configs`` items: BV:warps[:BK[:prefetch]], the ones left out at the served defaults; bad items
-    are refused."""
+    """``--wy-configs`` items: BV:warps[:BK], BK defaulting to the served key chunk; bad items are refused."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.platform.benches.gdn import _config_text, _parse_wy_config
 
-    served = TreeScanConfig()
-    assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128,
-                                            "wy_prefetch": served.wy_prefetch}  # fmt: skip
-    assert _parse_wy_config("16:4")["wy_block_k"] == served.wy_block_k
-    assert _parse_wy_config("16:4:32:2")["wy_prefetch"] == 2
-    assert _config_text(_parse_wy_config("32:4:64:0")) == "32:4:64:0"
-    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:3", "32:4:64:1:1", "a:b"):
+    assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128}
+    assert _parse_wy_config("16:4")["wy_block_k"] == TreeScanConfig().wy_block_k
+    assert _config_text(_parse_wy_config("32:4:64")) == "32:4:64"
+    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:1", "a:b"):
         with pytest.raises(ValueError):
             _parse_wy_config(bad)

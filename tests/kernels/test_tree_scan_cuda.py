@@ -45,7 +45,7 @@ def test_plans_agree_bitwise_and_split_survives_graph_capture() -> None:
 def test_wy_within_the_paired_rule_at_27b_heads_and_under_graph_capture() -> None:
     """The matrix-form verifier compiled (fp64 dots) on hydra27 with 27B head dims and bf16 operands: every
     (head) cell within the paired rule against float64, with the fp32 per-node recurrence as the native
-    envelope; a captured replay and every prefetch depth give the same bits."""
+    envelope; a captured replay gives the same bits."""
     from lumotree.kernels.tree_scan_ref import tree_gdn_float64, tree_gdn_ref
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -65,11 +65,6 @@ def test_wy_within_the_paired_rule_at_27b_heads_and_under_graph_capture() -> Non
     e, e_nat = ((x.double() - o64).abs().amax(dim=(0, 1, 3)) for x in (o, o_nat))
     m64 = o64.abs().amax(dim=(0, 1, 3))
     assert (e <= 1.10 * e_nat + 2.0**-24 * m64 + 2.0**-149).all(), (e, e_nat)
-    for prefetch in (0, 2):
-        again = torch.zeros_like(out)
-        tree_scan.tree_gdn(q, k, v.float(), g, beta, HYDRA, h0, None, out=again, **kw,
-                           config=tree_scan.TreeScanConfig(plan_mode="wy", wy_prefetch=prefetch))  # fmt: skip
-        assert torch.equal(again, o), prefetch
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tree_scan.tree_gdn(q, k, v.float(), g, beta, HYDRA, h0, None, config=cfg, out=out, **kw)

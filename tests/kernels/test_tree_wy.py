@@ -87,11 +87,9 @@ def test_batched_trees_skipped_rows_state_indices_bf16_and_dispatch() -> None:
     # fp64 inside: float64's value up to the cast to bf16, which truncates under the interpreter (one ulp)
     err = (o[:, keep].double() - ref[:, keep]).abs()
     assert (err <= 2.0**-7 * ref[:, keep].abs() + 2.0**-133).all()
-    # narrower tiles and every prefetch depth change the schedule, not the arithmetic: the same bits
-    for prefetch in (0, 1, 2):
-        cfg = ts.TreeScanConfig(plan_mode="wy", wy_block_v=16, wy_prefetch=prefetch)
-        again, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg, skip=skip, **kw)
-        assert torch.equal(again, o), prefetch
+    cfg = ts.TreeScanConfig(plan_mode="wy", wy_block_v=16)
+    again, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg, skip=skip, **kw)
+    assert torch.equal(again, o)
     # auto serves wy for trees of at most wy_max_rows rows (these: 32 and 4)
     auto_cfg = ts.TreeScanConfig(wy_max_rows=32)
     auto, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=auto_cfg, skip=skip, **kw)
