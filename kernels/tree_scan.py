@@ -73,6 +73,10 @@ class TreeScanConfig:
     """``wy``: warps per program."""
     wy_block_k: int = TreeWyConfig.block_k
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
+    wy_num_stages: int = TreeWyConfig.num_stages
+    """``wy``: pipelining depth of the key loop."""
+    wy_stack: int = TreeWyConfig.stack
+    """``wy``: 1 to stack q and k into one operand (two products per key chunk instead of four)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -85,7 +89,7 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k)
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_stack)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

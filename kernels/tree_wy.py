@@ -52,30 +52,14 @@ def _fp64_operand(x):
 
 
 @triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu + i_s)
-    n = tl.load(cu + i_s + 1) - bos
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_v = o_t < n, o_v < V
-    rows = (bos + o_t).to(tl.int64)
-    i_n = tl.load(h0_idx + i_s).to(tl.int64)
-    m_tv = m_t[:, None] & m_v[None, :]
-    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
-    # its products (the value tile's too, or chunks of the loop issued one iteration ahead, cost registers
-    # and time on the H100: BENCHMARKS.md, run 11).
-    b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
-    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
-    bits = tl.load(anc + rows, mask=m_t, other=0)
-    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
+def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
+                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
+    q and k read as separate tiles: four products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
-    # registers on sm_90 (ptxas -v). The l2norm and q's scale are row scalings, applied afterwards.
+    # registers on sm_90 (ptxas -v).
     kk = tl.zeros([BT, BT], dtype=tl.float64)
     qk = tl.zeros([BT, BT], dtype=tl.float64)
     ks = tl.zeros([BT, BV], dtype=tl.float64)
@@ -102,6 +86,75 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         if USE_QK_L2NORM_IN_KERNEL:
             ss_k += tl.sum(b_k * b_k, 1)
             ss_q += tl.sum(b_q * b_q, 1)
+    return kk, qk, ks, qs, ss_k, ss_q
+
+
+@triton.jit
+def _key_products_stacked(q, k, h0, rows, m_t, bos, n, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
+                          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                          BT: tl.constexpr, BV: tl.constexpr,
+                          USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """``_key_products`` with q and k stacked into one [2 BT, KC] operand X (row 2i is q_i, 2i + 1 is k_i):
+    two products per key chunk, X S0 and X K^T, each twice as tall; the halves are parted once at the end."""
+    o_x = tl.arange(0, 2 * BT)
+    m_x = (o_x // 2) < n
+    x_ptr = tl.where((o_x % 2) == 1, k, q) + ((bos + o_x // 2).to(tl.int64) * H + i_h) * K
+    xk = tl.zeros([2 * BT, BT], dtype=tl.float64)
+    xs = tl.zeros([2 * BT, BV], dtype=tl.float64)
+    ss_x = tl.zeros([2 * BT], dtype=tl.float64)
+    for k0 in tl.range(0, BK, KC):
+        o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        b_x = tl.load(x_ptr[:, None] + o_k[None, :], mask=m_x[:, None] & m_k[None, :], other=0)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                      other=0)  # fmt: skip
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        b_x = _fp64_operand(b_x)
+        b_k = _fp64_operand(b_k)
+        b_s = b_s.to(tl.float64)
+        xk += tl.dot(b_x, tl.trans(b_k))
+        xs += tl.dot(b_x, b_s)
+        if USE_QK_L2NORM_IN_KERNEL:
+            ss_x += tl.sum(b_x * b_x, 1)
+    qk, kk = tl.split(tl.permute(tl.reshape(xk, [BT, 2, BT]), [0, 2, 1]))
+    qs, ks = tl.split(tl.permute(tl.reshape(xs, [BT, 2, BV]), [0, 2, 1]))
+    ss_q, ss_k = tl.split(tl.reshape(ss_x, [BT, 2]))
+    return kk, qk, ks, qs, ss_k, ss_q
+
+
+@triton.jit
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, STACK: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu + i_s)
+    n = tl.load(cu + i_s + 1) - bos
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t, m_v = o_t < n, o_v < V
+    rows = (bos + o_t).to(tl.int64)
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    m_tv = m_t[:, None] & m_v[None, :]
+    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
+    # its products (the value tile's too, or chunks of the loop issued one iteration ahead, cost registers
+    # and time on the H100: BENCHMARKS.md, run 11).
+    b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
+    b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
+    bits = tl.load(anc + rows, mask=m_t, other=0)
+    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
+    if STACK:
+        kk, qk, ks, qs, ss_k, ss_q = _key_products_stacked(
+            q, k, h0, rows, m_t, bos, n, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+        )
+    else:
+        kk, qk, ks, qs, ss_k, ss_q = _key_products(
+            q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+        )
+    # the value tile is read now, so its latency hides behind the tree products below
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
     if USE_QK_L2NORM_IN_KERNEL:
         r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
         r_q = scale / tl.sqrt(ss_q + 1e-6)
@@ -123,7 +176,6 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         b_a = tl.dot(b_a, b_a)
         b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
     b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
     b_o = tl.where(kept[:, None], b_o, 0.0)
@@ -149,6 +201,12 @@ class TreeWyConfig:
     block_k: int = 16
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
     columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers)."""
+    num_stages: int = 3
+    """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
+    one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit)."""
+    stack: int = 0
+    """1: q and k rows stacked into one operand of twice the height, so each key chunk costs two products
+    (X S0, X K^T) instead of four and one operand conversion fewer; 0: separate tiles."""
 
 
 def tree_gdn_wy(
@@ -206,6 +264,7 @@ def tree_gdn_wy(
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, num_warps=config.num_warps,
+        SQUARINGS=plan.squarings, STACK=bool(config.stack), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -2,10 +2,11 @@
 # Every GPU measurement of the project in one process tree, for a machine with one CUDA GPU and the
 # project's checkout as the working directory: engine CUDA-graph checks, the 27B-shape decode, GDN and arm
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
-# built-in model. Step ncu_scan reads the served tree scan's hardware counters (stall reasons, occupancy) with
-# Nsight Compute into ncu_scan.log and its per-instruction stall samples into ncu_source.csv; step gdn_sweep
-# times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy serve the matrix-form verifier
-# (plan_mode=wy; arms_wy the fastest config gdn_wy, else gdn, found within the paired rule); step profile_graphs profiles
+# built-in model. Steps ncu_scan and ncu_wy read the sidecar scan's and the wy verifier's hardware counters
+# (stall reasons, occupancy) with Nsight Compute into NAME.log and their per-instruction stall samples into
+# NAME_source.csv; step gdn_sweep times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy
+# serve the matrix-form verifier (plan_mode=wy; gdn_wy times the wy configs WY_CONFIGS, else bench gdn's list;
+# arms_wy the fastest config gdn_wy, else gdn, found within the paired rule); step profile_graphs profiles
 # CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
 # the scan taken apart (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
@@ -24,7 +25,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_sweep ncu_scan probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_sweep ncu_scan ncu_wy probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -51,6 +52,15 @@ if best.get("cells_outside_paired_bound", 0):
 print(",".join(["plan_mode=wy", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))
 EOF
 }
+ncu_step() {  # name kernel bench-gdn-args...: one launch of the kernel through Nsight Compute, as ncu_scan
+  local name=$1 kernel=$2; shift 2
+  run_step "$name" 300 bash -c "ncu --clock-control none --cache-control none --section SpeedOfLight \
+--section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+--section SourceCounters --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --import-source no \
+-k regex:$kernel -c 1 -f -o /tmp/$name ${lt[*]} bench gdn --layers 1 --warmup 1 --iters 2 $* --json \
+--out /tmp/$name.json >/dev/null && ncu -i /tmp/$name.ncu-rep --print-details all && \
+ncu -i /tmp/$name.ncu-rep --page source --print-source sass --csv > '$out/${name}_source.csv'"
+}
 for s in "${steps[@]}"; do
   case $s in
     env) run_step env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
@@ -64,16 +74,12 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
     gdn) run_step gdn 240 "${lt[@]}" bench gdn --json --out "$out/gdn_27b.json" ;;
     gdn_wy) run_step gdn_wy 240 env LUMOTREE_TREE_SCAN=plan_mode=wy "${lt[@]}" bench gdn --plans sidecar,wy --json \
-      --out "$out/gdn_27b_wy.json" ;;
+      ${WY_CONFIGS:+--wy-configs "$WY_CONFIGS"} --out "$out/gdn_27b_wy.json" ;;
     gdn_sweep) run_step gdn_sweep 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 --json \
       --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
-    ncu_scan) run_step ncu_scan 300 bash -c "ncu --clock-control none --cache-control none --section SpeedOfLight \
-      --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
-      --section SourceCounters --import-source no -k regex:_tree_scan_kernel -c 1 -f -o /tmp/scan_src \
-      ${lt[*]} bench gdn --layers 1 --warmup 1 --iters 2 --plans sidecar --configs 8:1:1 --json \
-      --out /tmp/gdn_ncu.json >/dev/null && ncu -i /tmp/scan_src.ncu-rep --print-details all && \
-      ncu -i /tmp/scan_src.ncu-rep --page source --print-source sass --csv > '$out/ncu_source.csv'" ;;
+    ncu_scan) ncu_step ncu_scan _tree_scan_kernel --plans sidecar --configs 8:1:1 ;;
+    ncu_wy) ncu_step ncu_wy _tree_wy_kernel --plans wy --wy-configs 64:4:16 ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
