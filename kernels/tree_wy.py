@@ -25,17 +25,21 @@ fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
 
 One program per (value tile, value head, sequence); shapes as ``tree_scan.tree_gdn`` (fla layout, rows
-packed over sequences, at most ``MAX_ROWS`` per sequence).
+packed over sequences, at most ``MAX_ROWS`` per sequence). Split form (``TreeWyConfig.split``): a first
+kernel builds W once per (value head, sequence) into an fp64 workspace while the output kernel's programs do
+their products with S0, then read W for their last product.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .tree_plan import WyPlan, plan_wy
 
@@ -54,12 +58,13 @@ def _fp64_operand(x):
 @triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
-    q and k read as separate tiles: four products per key chunk."""
+                  BV: tl.constexpr, GRAM: tl.constexpr, STATE: tl.constexpr,
+                  USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """The products over the key dimension, in fp64: with GRAM kk = K K^T and qk = Q K^T [BT, BT] (and the
+    rows' squared norms under the in-kernel l2norm), with STATE ks = K S0 and qs = Q S0 [BT, BV]."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
-    # registers on sm_90 (ptxas -v).
+    # registers on sm_90 (ptxas -v). Triton's pipeliner issues the chunks' loads ahead (num_stages).
     kk = tl.zeros([BT, BT], dtype=tl.float64)
     qk = tl.zeros([BT, BT], dtype=tl.float64)
     ks = tl.zeros([BT, BV], dtype=tl.float64)
@@ -70,99 +75,50 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
         o_k = k0 + tl.arange(0, KC)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
-        # all three loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under
-        # Triton 3.6, against 32 bytes spilled with each load converted in turn
+        # all loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under Triton
+        # 3.6, against 32 bytes spilled with each load converted in turn
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
         b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        if STATE:
+            b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                          mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
-        b_s = b_s.to(tl.float64)
-        kk += tl.dot(b_k, tl.trans(b_k))
-        qk += tl.dot(b_q, tl.trans(b_k))
-        ks += tl.dot(b_k, b_s)
-        qs += tl.dot(b_q, b_s)
-        if USE_QK_L2NORM_IN_KERNEL:
-            ss_k += tl.sum(b_k * b_k, 1)
-            ss_q += tl.sum(b_q * b_q, 1)
+        if GRAM:
+            kk += tl.dot(b_k, tl.trans(b_k))
+            qk += tl.dot(b_q, tl.trans(b_k))
+            if USE_QK_L2NORM_IN_KERNEL:
+                ss_k += tl.sum(b_k * b_k, 1)
+                ss_q += tl.sum(b_q * b_q, 1)
+        if STATE:
+            b_s = b_s.to(tl.float64)
+            ks += tl.dot(b_k, b_s)
+            qs += tl.dot(b_q, b_s)
     return kk, qk, ks, qs, ss_k, ss_q
 
 
 @triton.jit
-def _key_products_stacked(q, k, h0, rows, m_t, bos, n, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
-                          K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                          BT: tl.constexpr, BV: tl.constexpr,
-                          USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """``_key_products`` with q and k stacked into one [2 BT, KC] operand X (row 2i is q_i, 2i + 1 is k_i):
-    two products per key chunk, X S0 and X K^T, each twice as tall; the halves are parted once at the end."""
-    o_x = tl.arange(0, 2 * BT)
-    m_x = (o_x // 2) < n
-    x_ptr = tl.where((o_x % 2) == 1, k, q) + ((bos + o_x // 2).to(tl.int64) * H + i_h) * K
-    xk = tl.zeros([2 * BT, BT], dtype=tl.float64)
-    xs = tl.zeros([2 * BT, BV], dtype=tl.float64)
-    ss_x = tl.zeros([2 * BT], dtype=tl.float64)
-    for k0 in tl.range(0, BK, KC):
-        o_k = k0 + tl.arange(0, KC)
-        m_k = o_k < K
-        b_x = tl.load(x_ptr[:, None] + o_k[None, :], mask=m_x[:, None] & m_k[None, :], other=0)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                      other=0)  # fmt: skip
-        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
-        b_x = _fp64_operand(b_x)
-        b_k = _fp64_operand(b_k)
-        b_s = b_s.to(tl.float64)
-        xk += tl.dot(b_x, tl.trans(b_k))
-        xs += tl.dot(b_x, b_s)
-        if USE_QK_L2NORM_IN_KERNEL:
-            ss_x += tl.sum(b_x * b_x, 1)
-    qk, kk = tl.split(tl.permute(tl.reshape(xk, [BT, 2, BT]), [0, 2, 1]))
-    qs, ks = tl.split(tl.permute(tl.reshape(xs, [BT, 2, BV]), [0, 2, 1]))
-    ss_q, ss_k = tl.split(tl.reshape(ss_x, [BT, 2]))
-    return kk, qk, ks, qs, ss_k, ss_q
-
-
-@triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, STACK: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu + i_s)
-    n = tl.load(cu + i_s + 1) - bos
-    o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_v = o_t < n, o_v < V
-    rows = (bos + o_t).to(tl.int64)
-    i_n = tl.load(h0_idx + i_s).to(tl.int64)
-    m_tv = m_t[:, None] & m_v[None, :]
-    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
-    # its products (the value tile's too, or chunks of the loop issued one iteration ahead, cost registers
-    # and time on the H100: BENCHMARKS.md, run 11).
+def _row_loads(g, beta, anc, rows, m_t, i_hv, HV: tl.constexpr):
+    """The rows' g, beta and ancestor bits: loaded before the key loop, so their latency hides behind it."""
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
-    bits = tl.load(anc + rows, mask=m_t, other=0)
-    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    if STACK:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products_stacked(
-            q, k, h0, rows, m_t, bos, n, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
-        )
-    else:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products(
-            q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
-        )
-    # the value tile is read now, so its latency hides behind the tree products below
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
+    return b_g, b_beta, tl.load(anc + rows, mask=m_t, other=0)
+
+
+@triton.jit
+def _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT: tl.constexpr, SQUARINGS: tl.constexpr,
+                 USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """W = P (I + A)^-1 [BT, BT] and the row factors c_q = e^G r_q, c_k = e^G r_k and beta [BT] that turn
+    the key products into outputs: O = c_q qs + W (beta (v - c_k ks))."""
+    o_t = tl.arange(0, BT)
+    b_g = b_g.to(tl.float32).to(tl.float64)
+    b_beta = b_beta.to(tl.float32).to(tl.float64)
     if USE_QK_L2NORM_IN_KERNEL:
         r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
         r_q = scale / tl.sqrt(ss_q + 1e-6)
     else:
         r_k = tl.full([BT], 1.0, tl.float64)
         r_q = tl.full([BT], scale, tl.float64)
-    b_g = b_g.to(tl.float32).to(tl.float64)
-    b_beta = b_beta.to(tl.float32).to(tl.float64)
     is_anc = ((bits[:, None] >> o_t[None, :].to(tl.int64)) & 1) != 0  # [i, j]: j ancestor-or-self of i
     b_G = tl.sum(tl.where(is_anc, b_g[None, :], 0.0), 1)
     # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
@@ -176,14 +132,107 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         b_a = tl.dot(b_a, b_a)
         b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
-    b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
-    b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
+    return b_w, e_G * r_q, e_G * r_k, b_beta
+
+
+@triton.jit
+def _store_outputs(o, b_v, ks, qs, b_w, c_q, c_k, b_beta, kept, rows, m_t, i_hv, o_v, m_v, HV: tl.constexpr,
+                   V: tl.constexpr):  # fmt: skip
+    """O = c_q qs + W (beta (v - c_k ks)) for the tile's rows, zero on rows the plan does not keep (this
+    grouping, not beta v - (beta c_k) ks, keeps the one-kernel form free of register spills on sm_90)."""
+    b_b = b_beta[:, None] * (_fp64_operand(b_v) - c_k[:, None] * ks)
+    b_o = c_q[:, None] * qs + tl.dot(b_w, b_b)
     b_o = tl.where(kept[:, None], b_o, 0.0)
-    tl.store(
-        o + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
-        b_o.to(tl.float32).to(o.dtype.element_ty),
-        mask=m_tv,
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(tl.float32).to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])  # fmt: skip
+
+
+@triton.jit
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """One kernel: each (value tile, value head, sequence) program builds its own W."""
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu + i_s)
+    m_t = tl.arange(0, BT) < tl.load(cu + i_s + 1) - bos
+    rows = (bos + tl.arange(0, BT)).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    b_g, b_beta, bits = _row_loads(g, beta, anc, rows, m_t, i_hv, HV)
+    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
+    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+        q, k, h0, rows, m_t, i_n, i_hv // (HV // H), i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, True, True,
+        USE_QK_L2NORM_IN_KERNEL,
+    )  # fmt: skip
+    # the value tile is read now, so its latency hides behind the tree products below (read before the key
+    # loop it costs registers there)
+    b_v = tl.load(
+        v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0
     )
+    b_w, c_q, c_k, b_beta = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT, SQUARINGS,
+                                         USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
+    _store_outputs(o, b_v, ks, qs, b_w, c_q, c_k, b_beta, kept, rows, m_t, i_hv, o_v, m_v, HV, V)
+
+
+@triton.jit
+def _tree_w_kernel(q, k, g, beta, w, fac, cu, anc, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+                   BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr, SQUARINGS: tl.constexpr,
+                   USE_QK_L2NORM_IN_KERNEL: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Split form, first pass: one program per (value head, sequence) writes W [BT, BT] and the row factors
+    (c_q, c_k, beta) [3, BT] in fp64."""
+    i_hv, i_s = tl.program_id(0), tl.program_id(1)
+    if PDL:  # the output programs may start now: they read W only after gdc_wait
+        gdc_launch_dependents()
+    bos = tl.load(cu + i_s)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < tl.load(cu + i_s + 1) - bos
+    rows = (bos + o_t).to(tl.int64)
+    b_g, b_beta, bits = _row_loads(g, beta, anc, rows, m_t, i_hv, HV)
+    kk, qk, _, _, ss_k, ss_q = _key_products(
+        q, k, k, rows, m_t, 0, i_hv // (HV // H), i_hv, o_t, m_t, H, HV, K, 1, BK, KC, BT, BT, True, False,
+        USE_QK_L2NORM_IN_KERNEL,
+    )  # fmt: skip
+    b_w, c_q, c_k, b_beta = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT, SQUARINGS,
+                                         USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
+    slot = (i_s * HV + i_hv).to(tl.int64)
+    tl.store(w + (slot * BT + o_t[:, None]) * BT + o_t[None, :], b_w)
+    tl.store(fac + (slot * 3 + 0) * BT + o_t, c_q)
+    tl.store(fac + (slot * 3 + 1) * BT + o_t, c_k)
+    tl.store(fac + (slot * 3 + 2) * BT + o_t, b_beta)
+
+
+@triton.jit
+def _tree_out_kernel(q, k, v, o, h0, h0_idx, cu, keep, w, fac, H: tl.constexpr, HV: tl.constexpr,
+                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
+                     BV: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Split form, second pass: one program per (value tile, value head, sequence) does the products with S0
+    while the first pass builds W, then waits for it (programmatic dependent launch) for the last product."""
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu + i_s)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < tl.load(cu + i_s + 1) - bos
+    rows = (bos + o_t).to(tl.int64)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
+    b_v = tl.load(
+        v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0
+    )
+    _, _, ks, qs, _, _ = _key_products(
+        q, k, h0, rows, m_t, i_n, i_hv // (HV // H), i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, False, True,
+        False,
+    )  # fmt: skip
+    if PDL:
+        gdc_wait()
+    slot = (i_s * HV + i_hv).to(tl.int64)
+    b_w = tl.load(w + (slot * BT + o_t[:, None]) * BT + o_t[None, :])
+    c_q = tl.load(fac + (slot * 3 + 0) * BT + o_t)
+    c_k = tl.load(fac + (slot * 3 + 1) * BT + o_t)
+    b_beta = tl.load(fac + (slot * 3 + 2) * BT + o_t)
+    _store_outputs(o, b_v, ks, qs, b_w, c_q, c_k, b_beta, kept, rows, m_t, i_hv, o_v, m_v, HV, V)
 
 
 @dataclass(frozen=True)
@@ -204,9 +253,23 @@ class TreeWyConfig:
     num_stages: int = 3
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit)."""
-    stack: int = 0
-    """1: q and k rows stacked into one operand of twice the height, so each key chunk costs two products
-    (X S0, X K^T) instead of four and one operand conversion fewer; 0: separate tiles."""
+    split: int = 0
+    """1: two kernels - one program per (value head, sequence) builds W and the row factors once, while
+    the output programs (one per value tile) do the products with S0; 0: one kernel, each program building
+    its own W."""
+    pdl: int = 1
+    """With ``split``, 1 launches the output kernel with programmatic dependent launch where the device
+    has it (sm_90+): its products with S0 overlap the first pass, and it waits for W only before its last
+    product. 0: the two launches run one after the other."""
+
+
+def _pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels (not the interpreter) on sm_90 or newer."""
+    return (
+        device.type == "cuda"
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 def tree_gdn_wy(
@@ -261,10 +324,24 @@ def tree_gdn_wy(
             raise ValueError(f"{name} {width}: a power of two of at least 16")
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
-    _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
-        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, STACK=bool(config.stack), USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    BT, KC, S = plan.block_t, min(config.block_k, BK), plan.num_seqs
+    common = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    if not config.split:
+        _tree_wy_kernel[(triton.cdiv(V, BV), HV, S)](
+            q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale, H=H, HV=HV, K=K, V=V,
+            BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+            **common,
+        )  # fmt: skip
+        return o, None
+    pdl = bool(config.pdl) and _pdl_capable(device)
+    w = torch.empty(S, HV, BT, BT, dtype=torch.float64, device=device)
+    fac = torch.empty(S, HV, 3, BT, dtype=torch.float64, device=device)
+    _tree_w_kernel[(HV, S)](
+        q, k, g, beta, w, fac, cu, anc, scale, H=H, HV=HV, K=K, BK=BK, KC=KC, BT=BT, SQUARINGS=plan.squarings,
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, PDL=pdl, **common,
+    )  # fmt: skip
+    _tree_out_kernel[(triton.cdiv(V, BV), HV, S)](
+        q, k, v, o, initial_state, state_indices, cu, keep, w, fac, H=H, HV=HV, K=K, V=V, BK=BK, KC=KC, BT=BT,
+        BV=BV, PDL=pdl, launch_pdl=pdl, **common,
     )  # fmt: skip
     return o, None
