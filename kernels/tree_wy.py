@@ -329,8 +329,8 @@ def tree_gdn_wy(
     if not config.split:
         _tree_wy_kernel[(triton.cdiv(V, BV), HV, S)](
             q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale, H=H, HV=HV, K=K, V=V,
-            BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-            **common,
+            BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings,
+            USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, **common,
         )  # fmt: skip
         return o, None
     pdl = bool(config.pdl) and _pdl_capable(device)
