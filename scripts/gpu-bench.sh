@@ -4,7 +4,7 @@
 # benchmarks, a per-kernel profile of the arms' steps, the GPU audits and the replay of a recorded corpus on the
 # built-in model. Steps ncu_scan and ncu_wy read the sidecar scan's and the wy verifier's hardware counters
 # (stall reasons, occupancy) with Nsight Compute into NAME.log and their per-instruction stall samples into
-# NAME_source.csv; step gdn_sweep times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy
+# NAME_source.csv (ncu_wy: the wy config WY_NCU, two launches); step gdn_sweep times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy
 # serve the matrix-form verifier (plan_mode=wy; gdn_wy times the wy configs WY_CONFIGS, else bench gdn's list;
 # arms_wy the fastest config gdn_wy, else gdn, found within the paired rule); step profile_graphs profiles
 # CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
@@ -52,12 +52,12 @@ if best.get("cells_outside_paired_bound", 0):
 print(",".join(["plan_mode=wy", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))
 EOF
 }
-ncu_step() {  # name kernel bench-gdn-args...: one launch of the kernel through Nsight Compute, as ncu_scan
-  local name=$1 kernel=$2; shift 2
+ncu_step() {  # name kernel-regex launches bench-gdn-args...: the first launches of the kernels through Nsight Compute
+  local name=$1 kernel=$2 count=$3; shift 3
   run_step "$name" 300 bash -c "ncu --clock-control none --cache-control none --section SpeedOfLight \
 --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
 --section SourceCounters --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --import-source no \
--k regex:$kernel -c 1 -f -o /tmp/$name ${lt[*]} bench gdn --layers 1 --warmup 1 --iters 2 $* --json \
+-k 'regex:$kernel' -c $count -f -o /tmp/$name ${lt[*]} bench gdn --layers 1 --warmup 1 --iters 2 $* --json \
 --out /tmp/$name.json >/dev/null && ncu -i /tmp/$name.ncu-rep --print-details all && \
 ncu -i /tmp/$name.ncu-rep --page source --print-source sass --csv > '$out/${name}_source.csv'"
 }
@@ -78,8 +78,8 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     gdn_sweep) run_step gdn_sweep 300 "${lt[@]}" bench gdn --plans sidecar,split --warmup 10 --iters 50 --json \
       --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
-    ncu_scan) ncu_step ncu_scan _tree_scan_kernel --plans sidecar --configs 8:1:1 ;;
-    ncu_wy) ncu_step ncu_wy _tree_wy_kernel --plans wy --wy-configs 64:4:16 ;;
+    ncu_scan) ncu_step ncu_scan _tree_scan_kernel 1 --plans sidecar --configs 8:1:1 ;;
+    ncu_wy) ncu_step ncu_wy '_tree_(wy|w|out)_kernel' 2 --plans wy --wy-configs "${WY_NCU:-64:4:16}" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
