@@ -75,10 +75,6 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
-    wy_split: int = TreeWyConfig.split
-    """``wy``: 1 for the two-pass form (W once per value head, then the output tiles)."""
-    wy_pdl: int = TreeWyConfig.pdl
-    """``wy`` with ``wy_split``: 1 to overlap the passes by programmatic dependent launch where supported."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -91,8 +87,7 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        knobs = (self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_split)
-        return TreeWyConfig(*knobs, self.wy_pdl)
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

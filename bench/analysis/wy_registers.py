@@ -5,7 +5,10 @@ tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`
 shape in its PTX and reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles
 spill, the chunked key loop does not, which is why ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [BT:BV:KC:warps ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
+
+By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
+instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
 """
 
 from __future__ import annotations
@@ -51,11 +54,12 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int) -> str:
+def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=True)  # fmt: skip
-    src = ASTSource(fn, {**SIGNATURE, **dict.fromkeys(consts, "constexpr")},
+                  USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
+    signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
+    src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
@@ -73,12 +77,15 @@ def report(bt: int, bv: int, kc: int, warps: int) -> str:
     return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
-def main(configs: list[str]) -> None:
-    print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128)")
+def main(args: list[str]) -> None:
+    served = "--served" in args
+    configs = [a for a in args if a != "--served"] or list(CONFIGS)
+    operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
+    print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
         bt, bv, kc, warps = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps), flush=True)
+        print(report(bt, bv, kc, warps, served), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or list(CONFIGS))
+    main(sys.argv[1:])

@@ -456,9 +456,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_split", "wy_pdl")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:split[:pdl]]]]``)
-sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages]]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -495,8 +494,8 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:split[:pdl]]]]`` -> the ``wy`` knobs (those left out at the served
-    defaults), e.g. ``32:4`` or ``32:4:16:3:1:1``."""
+    """``BV:warps[:BK[:stages]]`` -> the ``wy`` knobs (those left out at the served defaults), e.g. ``32:4``
+    or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     try:
@@ -504,16 +503,15 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:split[:pdl]]]] (two to six integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages]] (two to four integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
-    bv, warps, bk, stages, split, pdl = values
-    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1 or {split, pdl} - {0, 1}:
+    bv, warps, bk, stages = values
+    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1:
         raise ValueError(
-            f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive, split and "
-            "pdl 0 or 1"
+            f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive"
         )
-    return dict(zip(WY_KNOBS, (bv, warps, bk, stages, split, pdl), strict=True))
+    return dict(zip(WY_KNOBS, values, strict=True))
 
 
 def _config_text(values: dict[str, int] | dict[str, float]) -> str:
