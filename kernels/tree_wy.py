@@ -30,12 +30,14 @@ packed over sequences, at most ``MAX_ROWS`` per sequence).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .tree_plan import WyPlan, plan_wy
 
@@ -54,9 +56,11 @@ def _fp64_operand(x):
 @triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
-    q and k read as separate tiles: four products per key chunk."""
+                  BV: tl.constexpr, GRAM: tl.constexpr, STATE: tl.constexpr,
+                  USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """The products over the key dimension, in fp64: with GRAM kk = K K^T and qk = Q K^T [BT, BT], with
+    STATE ks = K S0 and qs = Q S0 [BT, BV] and (under the in-kernel l2norm) the rows' squared norms; q and k
+    read as separate tiles."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -74,26 +78,51 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
         # Triton 3.6, against 32 bytes spilled with each load converted in turn
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
         b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        if STATE:
+            b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                          mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
-        b_s = b_s.to(tl.float64)
-        kk += tl.dot(b_k, tl.trans(b_k))
-        qk += tl.dot(b_q, tl.trans(b_k))
-        ks += tl.dot(b_k, b_s)
-        qs += tl.dot(b_q, b_s)
-        if USE_QK_L2NORM_IN_KERNEL:
-            ss_k += tl.sum(b_k * b_k, 1)
-            ss_q += tl.sum(b_q * b_q, 1)
+        if STATE:
+            b_s = b_s.to(tl.float64)
+        if GRAM:
+            kk += tl.dot(b_k, tl.trans(b_k))
+            qk += tl.dot(b_q, tl.trans(b_k))
+        if STATE:
+            ks += tl.dot(b_k, b_s)
+            qs += tl.dot(b_q, b_s)
+            if USE_QK_L2NORM_IN_KERNEL:
+                ss_k += tl.sum(b_k * b_k, 1)
+                ss_q += tl.sum(b_q * b_q, 1)
     return kk, qk, ks, qs, ss_k, ss_q
 
 
 @triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+def _tree_kq_kernel(q, k, kq, cu, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                    BT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    """Key pass: one program per (key head, sequence) writes K K^T and Q K^T [2, BT, BT] in fp64, once for
+    all the value heads and value tiles that share them."""
+    i_h, i_s = tl.program_id(0), tl.program_id(1)
+    if PDL:  # the output programs may start now: they read kq only after gdc_wait
+        gdc_launch_dependents()
+    bos = tl.load(cu + i_s)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < tl.load(cu + i_s + 1) - bos
+    rows = (bos + o_t).to(tl.int64)
+    kk, qk, _, _, _, _ = _key_products(
+        q, k, k, rows, m_t, 0, i_h, 0, o_t, m_t, H, 1, K, 1, BK, KC, BT, BT, True, False, False
+    )
+    at = kq + ((i_s * H + i_h).to(tl.int64) * 2 * BT + o_t[:, None]) * BT + o_t[None, :]
+    tl.store(at, kk)
+    tl.store(at + BT * BT, qk)
+
+
+@triton.jit
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, kq, scale, H: tl.constexpr,
+                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, KEY_PASS: tl.constexpr,
+                    PDL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -112,8 +141,15 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
     kk, qk, ks, qs, ss_k, ss_q = _key_products(
-        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
-    )
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, not KEY_PASS, True,
+        USE_QK_L2NORM_IN_KERNEL,
+    )  # fmt: skip
+    if KEY_PASS:  # K K^T and Q K^T from the key pass, which ran beside the loop above
+        if PDL:
+            gdc_wait()
+        at = kq + ((i_s * H + i_h).to(tl.int64) * 2 * BT + o_t[:, None]) * BT + o_t[None, :]
+        kk = tl.load(at)
+        qk = tl.load(at + BT * BT)
     # the value tile is read now, so its latency hides behind the tree products below (0.677 -> 0.640 ms for
     # hydra27 on the H100 against reading it after them, run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -169,6 +205,21 @@ class TreeWyConfig:
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
     H100 (run 12): 3 and 4 both 0.640 ms, 2 0.815."""
+    key_pass: int = 0
+    """1: K K^T and Q K^T come from a key pass, one program per (key head, sequence), instead of being
+    recomputed by each of the HV / H x V / block_v programs that share them (a third of the key loop's
+    products at the 27B heads); the output kernel is launched behind it by programmatic dependent launch
+    where the device has it (sm_90+), so its products with S0 overlap the pass and it waits only before
+    reading the pass's result. 0: one kernel."""
+
+
+def _pdl_capable(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels (not the interpreter) on sm_90 or newer."""
+    return (
+        device.type == "cuda"
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )
 
 
 def tree_gdn_wy(
@@ -223,10 +274,18 @@ def tree_gdn_wy(
             raise ValueError(f"{name} {width}: a power of two of at least 16")
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
-    _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
-        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+    KC = min(config.block_k, BK)
+    S, BT = plan.num_seqs, plan.block_t
+    common = dict(num_warps=config.num_warps, num_stages=config.num_stages)
+    pdl = bool(config.key_pass) and _pdl_capable(device)
+    kq = o  # an unread placeholder without the key pass
+    if config.key_pass:
+        kq = torch.empty(S, H, 2, BT, BT, dtype=torch.float64, device=device)
+        _tree_kq_kernel[(H, S)](q, k, kq, cu, H=H, K=K, BK=BK, KC=KC, BT=BT, PDL=pdl, **common)
+    _tree_wy_kernel[(triton.cdiv(V, BV), HV, S)](
+        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, kq, scale,
+        H=H, HV=HV, K=K, V=V, BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings,
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, KEY_PASS=bool(config.key_pass), PDL=pdl,
+        launch_pdl=pdl, **common,
     )  # fmt: skip
     return o, None

@@ -5,8 +5,9 @@
 # built-in model. Steps ncu_scan and ncu_wy read the sidecar scan's and the wy verifier's hardware counters
 # (stall reasons, occupancy) with Nsight Compute into NAME.log and their per-instruction stall samples into
 # NAME_source.csv (ncu_wy: the wy config WY_NCU, two launches); step gdn_sweep times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy
-# serve the matrix-form verifier (plan_mode=wy; gdn_wy times the wy configs WY_CONFIGS, else bench gdn's list;
-# arms_wy the fastest config gdn_wy, else gdn, found within the paired rule); step profile_graphs profiles
+# serve the matrix-form verifier (plan_mode=wy; gdn_wy times the wy configs WY_CONFIGS, else bench gdn's list);
+# steps gdn_best, arms_wy and audit_best serve the fastest wy config gdn_wy, else gdn, found within the paired
+# rule (plan_mode auto: wy for trees of up to wy_max_rows rows, as served by default); step profile_graphs profiles
 # CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
 # the scan taken apart (bench/analysis/scan_probe.py).
 # Usage: bash scripts/gpu-bench.sh OUT_DIR [STEP ...]   (steps default to all; each has its own time cap,
@@ -25,7 +26,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_sweep ncu_scan ncu_wy probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_best gdn_sweep ncu_scan ncu_wy probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit audit_best replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -49,8 +50,13 @@ for path in sys.argv[1:]:
         pass
 if best.get("cells_outside_paired_bound", 0):
     best = {}  # no wy config kept to the rule: the default, whose audit will say so
-print(",".join(["plan_mode=wy", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))
+print(",".join(["plan_mode=auto", *(f"{k}={v}" for k, v in best.items() if k.startswith("wy_"))]))
 EOF
+}
+run_best() {  # name cap command...: run_step serving the fastest wy config found (wy_scan)
+  local name=$1 cap=$2 scan; shift 2
+  scan=$(wy_scan); echo "$name serves LUMOTREE_TREE_SCAN=$scan" | tee -a "$out/steps.txt"
+  run_step "$name" "$cap" env LUMOTREE_TREE_SCAN="$scan" "$@"
 }
 ncu_step() {  # name kernel-regex launches bench-gdn-args...: the first launches of the kernels through Nsight Compute
   local name=$1 kernel=$2 count=$3; shift 3
@@ -79,13 +85,15 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
     ncu_scan) ncu_step ncu_scan _tree_scan_kernel 1 --plans sidecar --configs 8:1:1 ;;
-    ncu_wy) ncu_step ncu_wy '_tree_(wy|w|out)_kernel' 2 --plans wy --wy-configs "${WY_NCU:-64:4:16}" ;;
+    ncu_wy) ncu_step ncu_wy '_tree_(wy|kq)_kernel' 2 --plans wy --wy-configs "${WY_NCU:-64:4:16}" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;
-    arms_wy) scan=$(wy_scan); echo "arms_wy serves LUMOTREE_TREE_SCAN=$scan" | tee -a "$out/steps.txt"
-      run_step arms_wy 300 env LUMOTREE_TREE_SCAN="$scan" "${lt[@]}" bench arms --shapes 27b --device cuda \
-      --draft-vocab 32768 --json --out "$out/arms_27b_wy.json" ;;
+    gdn_best) run_best gdn_best 240 "${lt[@]}" bench gdn --plans sidecar --json --out "$out/gdn_27b_best.json" ;;
+    arms_wy) run_best arms_wy 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
+      --out "$out/arms_27b_wy.json" ;;
+    audit_best) run_best audit_best 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json \
+      --out "$out/audit_best" ;;
     arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \

@@ -39,9 +39,12 @@ def _cells_outside_rule(o: torch.Tensor, o_nat: torch.Tensor, o64: torch.Tensor)
     return int((e > 1.10 * e_nat + 2.0**-24 * m64 + 2.0**-149).sum())
 
 
-def test_audit_trees_within_the_paired_rule() -> None:
-    """hydra27, chains, stars, wide and deep random trees up to 64 nodes, 27B head dims."""
+@pytest.mark.parametrize("key_pass", [0, 1])
+def test_audit_trees_within_the_paired_rule(key_pass: int) -> None:
+    """hydra27, chains, stars, wide and deep random trees up to 64 nodes, 27B head dims; with the key
+    products recomputed per program and from the key pass."""
     wy, _ = _modules()
+    config = wy.TreeWyConfig(key_pass=key_pass)
     rng, gen = random.Random(3), torch.Generator().manual_seed(3)
     hk, hv, dk, dv = 2, 6, 128, 32
     bad = 0
@@ -49,7 +52,7 @@ def test_audit_trees_within_the_paired_rule() -> None:
         ops = audit.gdn_inputs(len(parents), hk, hv, dk, dv, gen, "cpu")
         q, k, v, g, beta = (ops[x][None] for x in ("q", "k", "v", "g", "beta"))
         h0 = torch.randn(1, hv, dk, dv, generator=gen) * 0.1
-        o, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None)
+        o, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None, config=config)
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
         bad += _cells_outside_rule(o, o_nat, o64)
@@ -89,6 +92,10 @@ def test_batched_trees_skipped_rows_state_indices_bf16_and_dispatch() -> None:
     assert (err <= 2.0**-7 * ref[:, keep].abs() + 2.0**-133).all()
     cfg = ts.TreeScanConfig(plan_mode="wy", wy_block_v=16)
     again, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg, skip=skip, **kw)
+    assert torch.equal(again, o)
+    # the key pass: K K^T and Q K^T once per (key head, sequence), the same products in the same order
+    shared = ts.TreeScanConfig(plan_mode="wy", wy_block_v=16, wy_key_pass=1)
+    again, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=shared, skip=skip, **kw)
     assert torch.equal(again, o)
     # auto serves wy for trees of at most wy_max_rows rows (these: 32 and 4)
     auto_cfg = ts.TreeScanConfig(wy_max_rows=32)
