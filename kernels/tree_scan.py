@@ -75,9 +75,8 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
-    wy_key_pass: int = TreeWyConfig.key_pass
-    """``wy``: 1 computes K K^T and Q K^T once per key head, in a pass of their own
-    (``TreeWyConfig.key_pass``)."""
+    wy_fold_warps: int = TreeWyConfig.fold_warps
+    """``wy``: 0 one kernel; N the two-pass form, its first pass at N warps (``TreeWyConfig.fold_warps``)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -91,7 +90,7 @@ class TreeScanConfig:
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
         return TreeWyConfig(
-            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_key_pass
+            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_fold_warps
         )
 
     @classmethod

@@ -49,17 +49,18 @@ def _fp64_operand(x):
     Triton up to 3.6 sizes a dot operand's register layout (kWidth) by the narrowest load it traces back to
     through elementwise ops, and an fp64 operand traced to a bf16 load asks for a layout its fp64 MMA
     lowering does not support (the compile aborts). A reduction over a unit axis is an exact copy that ends
-    that trace."""
-    return tl.sum(x.to(tl.float32).to(tl.float64)[:, :, None], 2)
+    that trace (an fp64 tile computed from fp32 loads needs it too)."""
+    if x.dtype != tl.float64:
+        x = x.to(tl.float32).to(tl.float64)
+    return tl.sum(x[:, :, None], 2)
 
 
 @triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, GRAM: tl.constexpr, STATE: tl.constexpr,
-                  USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """The products over the key dimension, in fp64: with GRAM kk = K K^T and qk = Q K^T [BT, BT], with
-    STATE ks = K S0 and qs = Q S0 [BT, BV] and (under the in-kernel l2norm) the rows' squared norms; q and k
+                  BV: tl.constexpr, STATE: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """The products over the key dimension, in fp64: kk = K K^T and qk = Q K^T [BT, BT], with STATE
+    ks = K S0 and qs = Q S0 [BT, BV], and (under the in-kernel l2norm) the rows' squared norms; q and k
     read as separate tiles."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
@@ -73,94 +74,67 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
     for k0 in tl.range(0, BK, KC):
         o_k = k0 + tl.arange(0, KC)
         m_k = o_k < K
-        m_tk = m_t[:, None] & m_k[None, :]
         # all three loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under
         # Triton 3.6, against 32 bytes spilled with each load converted in turn
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_k, b_q = _qk_chunk(q, k, rows, m_t, o_k, m_k, i_h, H, K)
         if STATE:
             b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
                           mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
+        kk += tl.dot(b_k, tl.trans(b_k))
+        qk += tl.dot(b_q, tl.trans(b_k))
         if STATE:
             b_s = b_s.to(tl.float64)
-        if GRAM:
-            kk += tl.dot(b_k, tl.trans(b_k))
-            qk += tl.dot(b_q, tl.trans(b_k))
-        if STATE:
             ks += tl.dot(b_k, b_s)
             qs += tl.dot(b_q, b_s)
-            if USE_QK_L2NORM_IN_KERNEL:
-                ss_k += tl.sum(b_k * b_k, 1)
-                ss_q += tl.sum(b_q * b_q, 1)
+        if USE_QK_L2NORM_IN_KERNEL:
+            ss_k += tl.sum(b_k * b_k, 1)
+            ss_q += tl.sum(b_q * b_q, 1)
     return kk, qk, ks, qs, ss_k, ss_q
 
 
 @triton.jit
-def _tree_kq_kernel(q, k, kq, cu, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    """Key pass: one program per (key head, sequence) writes K K^T and Q K^T [2, BT, BT] in fp64, once for
-    all the value heads and value tiles that share them."""
-    i_h, i_s = tl.program_id(0), tl.program_id(1)
-    if PDL:  # the output programs may start now: they read kq only after gdc_wait
-        gdc_launch_dependents()
-    bos = tl.load(cu + i_s)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < tl.load(cu + i_s + 1) - bos
-    rows = (bos + o_t).to(tl.int64)
-    kk, qk, _, _, _, _ = _key_products(
-        q, k, k, rows, m_t, 0, i_h, 0, o_t, m_t, H, 1, K, 1, BK, KC, BT, BT, True, False, False
-    )
-    at = kq + ((i_s * H + i_h).to(tl.int64) * 2 * BT + o_t[:, None]) * BT + o_t[None, :]
-    tl.store(at, kk)
-    tl.store(at + BT * BT, qk)
+def _qk_chunk(q, k, rows, m_t, o_k, m_k, i_h, H: tl.constexpr, K: tl.constexpr):
+    """The [BT, KC] tiles of k and q at key columns ``o_k`` (as stored: converted by the caller)."""
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+    return b_k, b_q
 
 
 @triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, kq, scale, H: tl.constexpr,
-                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, KEY_PASS: tl.constexpr,
-                    PDL: tl.constexpr):  # fmt: skip
-    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
+def _sequence_rows(cu, i_s, BT: tl.constexpr):
+    """Sequence ``i_s``'s packed rows (int64, padded to BT) and their mask."""
     bos = tl.load(cu + i_s)
-    n = tl.load(cu + i_s + 1) - bos
     o_t = tl.arange(0, BT)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_t, m_v = o_t < n, o_v < V
-    rows = (bos + o_t).to(tl.int64)
-    i_n = tl.load(h0_idx + i_s).to(tl.int64)
-    m_tv = m_t[:, None] & m_v[None, :]
-    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
-    # its products (the value tile's too, or chunks of the loop issued one iteration ahead by hand, cost
-    # registers and time on the H100: BENCHMARKS.md, run 11).
+    return (bos + o_t).to(tl.int64), o_t < tl.load(cu + i_s + 1) - bos
+
+
+@triton.jit
+def _row_loads(g, beta, anc, keep, rows, m_t, i_hv, HV: tl.constexpr):
+    """Per-row scalars of value head ``i_hv``: decay g and beta (as stored), ancestor bits, kept mask."""
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    kk, qk, ks, qs, ss_k, ss_q = _key_products(
-        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, not KEY_PASS, True,
-        USE_QK_L2NORM_IN_KERNEL,
-    )  # fmt: skip
-    if KEY_PASS:  # K K^T and Q K^T from the key pass, which ran beside the loop above
-        if PDL:
-            gdc_wait()
-        at = kq + ((i_s * H + i_h).to(tl.int64) * 2 * BT + o_t[:, None]) * BT + o_t[None, :]
-        kk = tl.load(at)
-        qk = tl.load(at + BT * BT)
-    # the value tile is read now, so its latency hides behind the tree products below (0.677 -> 0.640 ms for
-    # hydra27 on the H100 against reading it after them, run 12)
-    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
+    return b_g, b_beta, bits, kept
+
+
+@triton.jit
+def _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT: tl.constexpr, SQUARINGS: tl.constexpr,
+                 USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """W = P (I + A)^-1 [BT, BT], the row factors e^G r_q and e^G r_k, and beta, all fp64, from the key
+    products."""
+    o_t = tl.arange(0, BT)
+    b_g = b_g.to(tl.float32).to(tl.float64)
+    b_beta = b_beta.to(tl.float32).to(tl.float64)
     if USE_QK_L2NORM_IN_KERNEL:
         r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
         r_q = scale / tl.sqrt(ss_q + 1e-6)
     else:
         r_k = tl.full([BT], 1.0, tl.float64)
         r_q = tl.full([BT], scale, tl.float64)
-    b_g = b_g.to(tl.float32).to(tl.float64)
-    b_beta = b_beta.to(tl.float32).to(tl.float64)
     is_anc = ((bits[:, None] >> o_t[None, :].to(tl.int64)) & 1) != 0  # [i, j]: j ancestor-or-self of i
     b_G = tl.sum(tl.where(is_anc, b_g[None, :], 0.0), 1)
     # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
@@ -174,14 +148,105 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, kq, scale, H
         b_a = tl.dot(b_a, b_a)
         b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
-    b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
-    b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
+    return b_w, e_G * r_q, e_G * r_k, b_beta
+
+
+@triton.jit
+def _store_outputs(o, b_o, kept, rows, m_t, i_hv, o_v, m_v, HV: tl.constexpr, V: tl.constexpr):
+    """Rows not kept (padded tree slots) are written as zeros."""
     b_o = tl.where(kept[:, None], b_o, 0.0)
-    tl.store(
-        o + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
-        b_o.to(tl.float32).to(o.dtype.element_ty),
-        mask=m_tv,
-    )
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(tl.float32).to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])  # fmt: skip
+
+
+@triton.jit
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr,
+                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """One kernel: one program per (value tile, value head, sequence) does everything."""
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    rows, m_t = _sequence_rows(cu, i_s, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
+    # its products (the value tile's too, or chunks of the loop issued one iteration ahead by hand, cost
+    # registers and time on the H100: BENCHMARKS.md, run 11).
+    b_g, b_beta, bits, kept = _row_loads(g, beta, anc, keep, rows, m_t, i_hv, HV)
+    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, True,
+        USE_QK_L2NORM_IN_KERNEL,
+    )  # fmt: skip
+    # the value tile is read now, so its latency hides behind the tree products below (0.677 -> 0.640 ms for
+    # hydra27 on the H100 against reading it after them, run 12)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0)  # fmt: skip
+    b_w, c_q, c_k, b_beta = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT, SQUARINGS,
+                                 USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
+    b_b = b_beta[:, None] * (_fp64_operand(b_v) - c_k[:, None] * ks)
+    _store_outputs(o, c_q[:, None] * qs + tl.dot(b_w, b_b), kept, rows, m_t, i_hv, o_v, m_v, HV, V)
+
+
+@triton.jit
+def _tree_fold_kernel(q, k, g, beta, cu, anc, keep, qf, wf, scale, H: tl.constexpr, HV: tl.constexpr,
+                      K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
+                      SQUARINGS: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr,
+                      PDL: tl.constexpr):  # fmt: skip
+    """Two-pass form, first pass: one program per (value head, sequence) folds everything but the state and
+    the values into Q' = diag(e^G r_q) Q - W diag(beta e^G r_k) K [BT, BK] and W diag(beta) [BT, BT], fp64,
+    so that O = Q' S0 + W diag(beta) V (the second pass)."""
+    i_hv, i_s = tl.program_id(0), tl.program_id(1)
+    if PDL:  # the output programs may start now: they read qf and wf only after gdc_wait
+        gdc_launch_dependents()
+    i_h = i_hv // (HV // H)
+    rows, m_t = _sequence_rows(cu, i_s, BT)
+    o_t = tl.arange(0, BT)
+    b_g, b_beta, bits, kept = _row_loads(g, beta, anc, keep, rows, m_t, i_hv, HV)
+    kk, qk, _, _, ss_k, ss_q = _key_products(
+        q, k, k, rows, m_t, 0, i_h, 0, o_t, m_t, H, 1, K, 1, BK, KC, BT, BT, False, USE_QK_L2NORM_IN_KERNEL
+    )  # fmt: skip
+    b_w, c_q, c_k, b_beta = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT, SQUARINGS,
+                                 USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
+    # rows not kept fold to zero, so the second pass writes their zeros with no mask of its own
+    c_q = tl.where(kept, c_q, 0.0)
+    b_w = tl.where(kept[:, None], b_w, 0.0)
+    w_k = _fp64_operand(b_w * (b_beta * c_k)[None, :])
+    at = (i_s * HV + i_hv).to(tl.int64) * BT + o_t
+    tl.store(wf + at[:, None] * BT + o_t[None, :], b_w * b_beta[None, :])
+    for k0 in tl.range(0, BK, KC):
+        o_k = k0 + tl.arange(0, KC)
+        b_k, b_q = _qk_chunk(q, k, rows, m_t, o_k, o_k < K, i_h, H, K)
+        b_qf = c_q[:, None] * _fp64_operand(b_q) - tl.dot(w_k, _fp64_operand(b_k))
+        tl.store(qf + at[:, None] * BK + o_k[None, :], b_qf)
+
+
+@triton.jit
+def _tree_out_kernel(v, o, h0, h0_idx, cu, qf, wf, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                     BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                     PDL: tl.constexpr):  # fmt: skip
+    """Two-pass form, second pass: one program per (value tile, value head, sequence),
+    O = Q' S0 + W diag(beta) V from the first pass's folds."""
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows, m_t = _sequence_rows(cu, i_s, BT)
+    o_t = tl.arange(0, BT)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0)  # fmt: skip
+    if PDL:
+        gdc_wait()
+    at = (i_s * HV + i_hv).to(tl.int64) * BT + o_t
+    b_o = tl.dot(tl.load(wf + at[:, None] * BT + o_t[None, :]), _fp64_operand(b_v))
+    for k0 in tl.range(0, BK, KC):
+        o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        b_o += tl.dot(tl.load(qf + at[:, None] * BK + o_k[None, :]), b_s.to(tl.float64))
+    _store_outputs(o, b_o, m_t, rows, m_t, i_hv, o_v, m_v, HV, V)
 
 
 @dataclass(frozen=True)
@@ -205,12 +270,14 @@ class TreeWyConfig:
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
     H100 (run 12): 3 and 4 both 0.640 ms, 2 0.815."""
-    key_pass: int = 0
-    """1: K K^T and Q K^T come from a key pass, one program per (key head, sequence), instead of being
-    recomputed by each of the HV / H x V / block_v programs that share them (a third of the key loop's
-    products at the 27B heads); the output kernel is launched behind it by programmatic dependent launch
-    where the device has it (sm_90+), so its products with S0 overlap the pass and it waits only before
-    reading the pass's result. 0: one kernel."""
+    fold_warps: int = 0
+    """0: one kernel. N >= 1: two, the first (N warps, one program per value head and sequence) folding the
+    tree products into Q' = diag(e^G r_q) Q - W diag(beta e^G r_k) K [BT, K] and W diag(beta) [BT, BT] in
+    fp64, the second (``num_warps`` warps per value tile) computing O = Q' S0 + W diag(beta) V from them:
+    K S0 is never formed and the tree products are built once per value head instead of once per value
+    tile, so a value tile's program is one product over the key dimension and can be narrow. The second
+    pass starts by programmatic dependent launch where the device has it (sm_90+) and reads the folds after
+    waiting for the first."""
 
 
 def _pdl_capable(device: torch.device) -> bool:
@@ -276,16 +343,24 @@ def tree_gdn_wy(
     BK = max(16, triton.next_power_of_2(K))
     KC = min(config.block_k, BK)
     S, BT = plan.num_seqs, plan.block_t
-    common = dict(num_warps=config.num_warps, num_stages=config.num_stages)
-    pdl = bool(config.key_pass) and _pdl_capable(device)
-    kq = o  # an unread placeholder without the key pass
-    if config.key_pass:
-        kq = torch.empty(S, H, 2, BT, BT, dtype=torch.float64, device=device)
-        _tree_kq_kernel[(H, S)](q, k, kq, cu, H=H, K=K, BK=BK, KC=KC, BT=BT, PDL=pdl, **common)
-    _tree_wy_kernel[(triton.cdiv(V, BV), HV, S)](
-        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, kq, scale,
-        H=H, HV=HV, K=K, V=V, BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings,
-        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, KEY_PASS=bool(config.key_pass), PDL=pdl,
-        launch_pdl=pdl, **common,
+    common = dict(num_stages=config.num_stages)
+    if not config.fold_warps:
+        _tree_wy_kernel[(triton.cdiv(V, BV), HV, S)](
+            q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
+            H=H, HV=HV, K=K, V=V, BK=BK, KC=KC, BT=BT, BV=BV, SQUARINGS=plan.squarings,
+            USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, num_warps=config.num_warps, **common,
+        )  # fmt: skip
+        return o, None
+    pdl = _pdl_capable(device)
+    qf = torch.empty(S, HV, BT, BK, dtype=torch.float64, device=device)
+    wf = torch.empty(S, HV, BT, BT, dtype=torch.float64, device=device)
+    _tree_fold_kernel[(HV, S)](
+        q, k, g, beta, cu, anc, keep, qf, wf, scale, H=H, HV=HV, K=K, BK=BK, KC=KC, BT=BT,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, PDL=pdl,
+        num_warps=config.fold_warps, **common,
+    )  # fmt: skip
+    _tree_out_kernel[(triton.cdiv(V, BV), HV, S)](
+        v, o, initial_state, state_indices, cu, qf, wf, HV=HV, K=K, V=V, BK=BK, KC=KC, BT=BT, BV=BV, PDL=pdl,
+        launch_pdl=pdl, num_warps=config.num_warps, **common,
     )  # fmt: skip
     return o, None
