@@ -179,8 +179,8 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, True,
         USE_QK_L2NORM_IN_KERNEL,
     )  # fmt: skip
-    # the value tile is read now, so its latency hides behind the tree products below (0.677 -> 0.640 ms for
-    # hydra27 on the H100 against reading it after them, run 12)
+    # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
+    # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                   other=0)  # fmt: skip
     b_w, c_q, c_k, b_beta = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, scale, BT, SQUARINGS,
@@ -256,10 +256,8 @@ class TreeWyConfig:
     block_v: int = 64
     """Value-tile width, at least 16 (the dot's minimum): programs per (sequence, head) = V / block_v. Each
     recomputes the head's small tree matrices, so narrower tiles buy parallelism with repeated work. For
-    hydra27 at the 27B heads on the H100, 64 with 4 warps was the fastest (BENCHMARKS.md, run 12): 0.640 ms
-    over 48 layers, against 0.727 with 8 warps, 0.865 at 128 and 1.11 at 32. So was this one kernel against
-    a two-pass form that built W once per value head (0.72 ms at best, with programmatic dependent launch;
-    its [32, 32] products get a warp layout that wastes half of each fp64 MMA)."""
+    hydra27 at the 27B heads on the H100, 64 with 4 warps was the fastest one-kernel config (BENCHMARKS.md,
+    run 12): 0.642 ms over 48 layers, against 0.731 with 8 warps, 0.872 at 128 and 2.07 at 32 (8 warps)."""
     num_warps: int = 4
     """Warps per program. With 4 warps and 16-column key chunks a 64-wide tile spills no registers on sm_90
     under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``)."""
@@ -269,7 +267,7 @@ class TreeWyConfig:
     num_stages: int = 3
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
-    H100 (run 12): 3 and 4 both 0.640 ms, 2 0.815."""
+    H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815."""
     fold_warps: int = 0
     """0: one kernel. N >= 1: two, the first (N warps, one program per value head and sequence) folding the
     tree products into Q' = diag(e^G r_q) Q - W diag(beta e^G r_k) K [BT, K] and W diag(beta) [BT, BT] in
