@@ -85,7 +85,7 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --configs ${GDN_CONFIGS:-8:1:1,8:1:2,8:1:1/maxnreg=128,8:1:1/maxnreg=112,8:1:2/maxnreg=128} \
       --out "$out/gdn_sweep.json" ;;
     ncu_scan) ncu_step ncu_scan _tree_scan_kernel 1 --plans sidecar --configs 8:1:1 ;;
-    ncu_wy) ncu_step ncu_wy '_tree_(wy|fold|out)_kernel' 2 --plans wy --wy-configs "${WY_NCU:-64:4:16}" ;;
+    ncu_wy) ncu_step ncu_wy '_tree_wy_kernel' 2 --plans wy --wy-configs "${WY_NCU:-64:4:16}" ;;
     probe) run_step probe 240 python3 bench/analysis/scan_probe.py --out "$out/scan_probe.json" ;;
     arms) run_step arms 300 "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json \
       --out "$out/arms_27b.json" ;;

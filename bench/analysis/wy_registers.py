@@ -5,12 +5,10 @@ tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`
 shape in its PTX and reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles
 spill, the chunked key loop does not, which is why ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps[:fold_warps] ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
 
 By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
 instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
-A config with ``fold_warps`` > 0 compiles the two-pass form (``TreeWyConfig.fold_warps``): its first pass
-at that many warps and its second at ``warps``.
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ SIGNATURE = {
     **dict.fromkeys(("h0_idx", "cu"), "*i32"),
     "anc": "*i64",
     "keep": "*i8",
-    **dict.fromkeys(("qf", "wf"), "*fp64"),
 }
 
 
@@ -57,14 +54,11 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, kind: int = 0) -> str:
-    """One config's line: kind 0 the one kernel, 1 the two-pass form's first pass, 2 its second."""
-    fn = (tree_wy._tree_wy_kernel, tree_wy._tree_fold_kernel, tree_wy._tree_out_kernel)[kind]
+def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
+    fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=not served, PDL=True)  # fmt: skip
-    consts = {k: v for k, v in consts.items() if k in fn.arg_names}
+                  USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
-    signature = {k: t for k, t in signature.items() if k in fn.arg_names}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
@@ -80,22 +74,17 @@ def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, kind: in
     mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
     shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    what = ("one kernel", "first pass", "second pass")[kind]
-    return f"BT {bt} BV {bv} KC {kc} warps {warps} ({what}): {shapes} fp64 mma, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
 def main(args: list[str]) -> None:
     served = "--served" in args
-    configs = [a for a in args if not a.startswith("--")] or list(CONFIGS)
+    configs = [a for a in args if a != "--served"] or list(CONFIGS)
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps, fold = (*(int(x) for x in text.split(":")), 0)[:5]
-        if not fold:
-            print(report(bt, bv, kc, warps, served), flush=True)
-            continue
-        print(report(bt, bv, kc, fold, served, 1), flush=True)
-        print(report(bt, bv, kc, warps, served, 2), flush=True)
+        bt, bv, kc, warps = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps, served), flush=True)
 
 
 if __name__ == "__main__":

@@ -456,8 +456,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_fold_warps")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:fold_warps]]]``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages]]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -494,8 +494,8 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:fold_warps]]]`` -> the ``wy`` knobs (those left out at the served defaults),
-    e.g. ``32:4`` or ``64:4:16:3:1``."""
+    """``BV:warps[:BK[:stages]]`` -> the ``wy`` knobs (those left out at the served defaults), e.g. ``32:4``
+    or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     try:
@@ -503,14 +503,13 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:fold_warps]]] (two to five integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages]] (two to four integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
-    bv, warps, bk, stages, fold_warps = values
-    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1 or fold_warps < 0:
+    bv, warps, bk, stages = values
+    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1:
         raise ValueError(
-            f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive, "
-            "fold_warps 0 (one kernel) or positive"
+            f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive"
         )
     return dict(zip(WY_KNOBS, values, strict=True))
 
@@ -549,9 +548,8 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages[:fold_warps]]] of the wy plan mode (BK: key-chunk "
-            "width, fold_warps N: the two-pass form, its first pass at N warps); registers and spills per "
-            "config on sm_90: bench/analysis/wy_registers.py.",
+            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); registers and "
+            "spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."

@@ -23,8 +23,7 @@ from triton.compiler import ASTSource
 from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_scan, tree_wy
 
 
-def build(fn, sig, consts):  # sig may name more arguments than fn has
-    sig = {k: t for k, t in sig.items() if k in fn.arg_names}
+def build(fn, sig, consts):
     src = ASTSource(fn, {**sig, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32))
@@ -43,22 +42,14 @@ for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, 
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
                                                  SIDE=side, PACKED=packed))
 wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu", "*i64": "anc",
-               "*i8": "keep", "*fp64": "qf wf"})
+               "*i8": "keep"})
 for bt, bv, kc in ((16, 32, 32), (32, 64, 16), (64, 16, 32), (32, 32, 128)):  # fp64 dots: Hopper's DMMA
-    one = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-               USE_QK_L2NORM_IN_KERNEL=True)
-    ttgirs = [build(tree_wy._tree_wy_kernel, wy, one).asm["ttgir"]]
-    if bt == 32:  # the two-pass form
-        fold = dict(H=16, HV=48, K=128, BK=128, KC=kc, BT=bt, SQUARINGS=3, USE_QK_L2NORM_IN_KERNEL=True,
-                    PDL=True)
-        ttgirs.append(build(tree_wy._tree_fold_kernel, wy, fold).asm["ttgir"])
-        out = dict(HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, PDL=True)
-        ttgirs.append(build(tree_wy._tree_out_kernel, wy, out).asm["ttgir"])
-    for ttgir in ttgirs:
-        # Triton 3.6 (the H200's) aborts on fp64 dot operands of kWidth > 1, which bf16 loads ask for
-        # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself
-        widths = set(re.findall(r"xf64, #ttg\.dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ttgir))
-        assert widths == {"1"}, (bt, bv, kc, widths)
+    ttgir = build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv,
+                                                    SQUARINGS=3, USE_QK_L2NORM_IN_KERNEL=True)).asm["ttgir"]
+    # Triton 3.6 (the H200's) aborts on fp64 dot operands of kWidth > 1, which bf16 loads ask for
+    # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself
+    widths = set(re.findall(r"xf64, #ttg\.dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ttgir))
+    assert widths == {"1"}, (bt, bv, kc, widths)
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
 for replay in (False, True):
     build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))
