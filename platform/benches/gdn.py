@@ -548,8 +548,8 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); registers and "
-            "spills per config on sm_90: bench/analysis/wy_registers.py.",
+            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); registers "
+            "and spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
