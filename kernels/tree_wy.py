@@ -158,9 +158,10 @@ class TreeWyConfig:
     hydra27 at the 27B heads on the H100, 64 with 4 warps was the fastest (BENCHMARKS.md, run 12): 0.642 ms
     over 48 layers, against 0.731 with 8 warps, 0.872 at 128 and 2.07 at 32 (8 warps). So was this one
     kernel against every split of its work into two kernels tried (run 12): K K^T and Q K^T once per key
-    head ahead of it, 0.719 ms; W once per value head ahead of it, 0.72; Q' = e^G Q - W' K and W diag(beta)
-    once per value head, then O = Q' S0 + W diag(beta) V per value tile, 1.08 at best (the first kernel alone
-    took 18 us a layer, its [32, 32] products given a warp layout that wastes half of each fp64 MMA)."""
+    head ahead of it, 0.719 ms; W once per value head ahead of it, 0.72 (a call whose raw files were lost);
+    Q' = e^G Q - W' K and W diag(beta) once per value head, then O = Q' S0 + W diag(beta) V per value tile,
+    1.08 at best (the first kernel alone took 18 us a layer, its [32, 32] products given a warp layout that
+    wastes half of each fp64 MMA)."""
     num_warps: int = 4
     """Warps per program. With 4 warps and 16-column key chunks a 64-wide tile spills no registers on sm_90
     under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``)."""
