@@ -90,10 +90,54 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 
 
 @triton.jit
+def _split_rows(x, BT: tl.constexpr):
+    """The top and bottom [BT, N] halves of a [2 BT, N] tile."""
+    N: tl.constexpr = x.shape[1]
+    return tl.split(tl.permute(tl.reshape(x, [2, BT, N]), [1, 2, 0]))
+
+
+@triton.jit
+def _key_products_stacked(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr,
+                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                          KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                          USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """As ``_key_products``, with q and k read as one [2 BT, KC] tile [Q; K]: two products per key chunk."""
+    o_2t = tl.arange(0, 2 * BT)
+    top = o_2t < BT
+    rows2 = tl.reshape(tl.permute(tl.reshape(tl.join(rows, rows), [BT, 2]), [1, 0]), [2 * BT])
+    m_t2 = tl.reshape(tl.permute(tl.reshape(tl.join(m_t, m_t), [BT, 2]), [1, 0]), [2 * BT])
+    base = tl.where(top, q, k)
+    xk = tl.zeros([2 * BT, BT], dtype=tl.float64)
+    xs = tl.zeros([2 * BT, BV], dtype=tl.float64)
+    ss = tl.zeros([2 * BT], dtype=tl.float64)
+    for k0 in tl.range(0, BK, KC):
+        o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        b_x = tl.load(base[:, None] + (rows2[:, None] * H + i_h) * K + o_k[None, :],
+                      mask=m_t2[:, None] & m_k[None, :], other=0)  # fmt: skip
+        b_k = tl.load(
+            k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0
+        )
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        b_x = _fp64_operand(b_x)
+        b_k = _fp64_operand(b_k)
+        b_s = b_s.to(tl.float64)
+        xk += tl.dot(b_x, tl.trans(b_k))
+        xs += tl.dot(b_x, b_s)
+        if USE_QK_L2NORM_IN_KERNEL:
+            ss += tl.sum(b_x * b_x, 1)
+    qk, kk = _split_rows(xk, BT)
+    qs, ks = _split_rows(xs, BT)
+    ss_q, ss_k = tl.split(tl.permute(tl.reshape(ss, [2, BT]), [1, 0]))
+    return kk, qk, ks, qs, ss_k, ss_q
+
+
+@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr = False):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -111,7 +155,8 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+    key_products = _key_products_stacked if STACK else _key_products
+    kk, qk, ks, qs, ss_k, ss_q = key_products(
         q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
     )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
@@ -172,6 +217,9 @@ class TreeWyConfig:
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815."""
+    stack_qk: int = 0
+    """1: q and k read as one [2 BT, KC] tile [Q; K], so each key chunk costs two products (with K^T and the
+    state tile) instead of four."""
 
 
 def tree_gdn_wy(
@@ -230,6 +278,6 @@ def tree_gdn_wy(
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
         SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        STACK=bool(config.stack_qk), num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -54,10 +54,10 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
+def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, stack: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
+                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=stack)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
@@ -83,8 +83,8 @@ def main(args: list[str]) -> None:
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps, served), flush=True)
+        bt, bv, kc, warps, *stack = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps, served, bool(stack and stack[0])), flush=True)
 
 
 if __name__ == "__main__":
