@@ -30,6 +30,7 @@ packed over sequences, at most ``MAX_ROWS`` per sequence).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,11 +53,39 @@ def _fp64_operand(x):
 
 
 @triton.jit
+def _bf16x3(x, INTERPRET: tl.constexpr):
+    """fp32 ``x`` as three bf16 tiles whose sum is ``x`` exactly (8 + 8 + 8 bits of its 24). Under the
+    Triton interpreter, whose dot multiplies bf16 tiles as their raw bits, the pieces are given as fp32
+    (they are exact there, and so is each product of two)."""
+    hi = x.to(tl.bfloat16)
+    r = x - hi.to(tl.float32)  # exact: hi is x rounded to 8 bits
+    mid = r.to(tl.bfloat16)
+    lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+    if INTERPRET:
+        return hi.to(tl.float32), mid.to(tl.float32), lo.to(tl.float32)
+    return hi, mid, lo
+
+
+@triton.jit
+def _dot_bf16x6(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo):
+    """a @ b for fp32 tiles given as ``_bf16x3`` pieces: the six piece products down to 2^-16 of hi x hi
+    (each exact in fp32), smallest first, accumulated in fp32 on bf16 tensor cores."""
+    acc = tl.dot(a_mid, b_mid)
+    acc = tl.dot(a_lo, b_hi, acc)
+    acc = tl.dot(a_hi, b_lo, acc)
+    acc = tl.dot(a_mid, b_hi, acc)
+    acc = tl.dot(a_hi, b_mid, acc)
+    return tl.dot(a_hi, b_hi, acc)
+
+
+@triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, SPLIT: tl.constexpr,
+                  INTERPRET: tl.constexpr):  # fmt: skip
     """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
-    q and k read as separate tiles: four products per key chunk."""
+    q and k read as separate tiles: four products per key chunk. SPLIT 1 computes ks and qs, SPLIT 2 all
+    four, chunk by chunk as ``_dot_bf16x6`` (fp32 within a chunk, fp64 across chunks); else fp64 MMA."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -76,13 +105,28 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
         b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
         b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
+        # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
+        if SPLIT:
+            k_h, k_m, k_l = _bf16x3(b_k.to(tl.float32), INTERPRET)
+            q_h, q_m, q_l = _bf16x3(b_q.to(tl.float32), INTERPRET)
+        if SPLIT == 2:
+            t_h, t_m, t_l = tl.trans(k_h), tl.trans(k_m), tl.trans(k_l)
+            kk += _dot_bf16x6(k_h, k_m, k_l, t_h, t_m, t_l).to(tl.float64)
+            qk += _dot_bf16x6(q_h, q_m, q_l, t_h, t_m, t_l).to(tl.float64)
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
-        b_s = b_s.to(tl.float64)
-        kk += tl.dot(b_k, tl.trans(b_k))
-        qk += tl.dot(b_q, tl.trans(b_k))
-        ks += tl.dot(b_k, b_s)
-        qs += tl.dot(b_q, b_s)
+        if SPLIT < 2:
+            kk += tl.dot(b_k, tl.trans(b_k))
+            qk += tl.dot(b_q, tl.trans(b_k))
+        if SPLIT:
+            s_h, s_m, s_l = _bf16x3(b_s, INTERPRET)
+            ks += _dot_bf16x6(k_h, k_m, k_l, s_h, s_m, s_l).to(tl.float64)
+            qs += _dot_bf16x6(q_h, q_m, q_l, s_h, s_m, s_l).to(tl.float64)
+        else:
+            b_s = b_s.to(tl.float64)
+            ks += tl.dot(b_k, b_s)
+            qs += tl.dot(b_q, b_s)
         if USE_QK_L2NORM_IN_KERNEL:
             ss_k += tl.sum(b_k * b_k, 1)
             ss_q += tl.sum(b_q * b_q, 1)
@@ -101,7 +145,8 @@ def _key_products_stacked(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.c
                           HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                           KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                           USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """As ``_key_products``, with q and k read as one [2 BT, KC] tile [Q; K]: two products per key chunk."""
+    """As ``_key_products`` (SPLIT 0), with q and k read as one [2 BT, KC] tile [Q; K]: two products per
+    key chunk."""
     o_2t = tl.arange(0, 2 * BT)
     top = o_2t < BT
     rows2 = tl.reshape(tl.permute(tl.reshape(tl.join(rows, rows), [BT, 2]), [1, 0]), [2 * BT])
@@ -137,7 +182,8 @@ def _key_products_stacked(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.c
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr = False):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr = False,
+                    SPLIT: tl.constexpr = 0, INTERPRET: tl.constexpr = False):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -155,10 +201,15 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    key_products = _key_products_stacked if STACK else _key_products
-    kk, qk, ks, qs, ss_k, ss_q = key_products(
-        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
-    )
+    args = (q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v)
+    if STACK:
+        kk, qk, ks, qs, ss_k, ss_q = _key_products_stacked(
+            *args, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+        )
+    else:
+        kk, qk, ks, qs, ss_k, ss_q = _key_products(
+            *args, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL, SPLIT, INTERPRET
+        )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
     # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -217,6 +268,11 @@ class TreeWyConfig:
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815."""
+    split: int = 0
+    """Products over the key dimension on bf16 tensor cores instead of fp64 ones: 1 those with the state
+    (K S0, Q S0), 2 also K K^T and Q K^T; each fp32 operand as three bf16 pieces and six piece products,
+    accumulated in fp32 within a key chunk and in fp64 across chunks (the chunk's fp32 rounding is the
+    only error added)."""
     stack_qk: int = 0
     """1: q and k read as one [2 BT, KC] tile [Q; K], so each key chunk costs two products (with K^T and the
     state tile) instead of four."""
@@ -269,6 +325,8 @@ def tree_gdn_wy(
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
     cu, anc, keep = plan.on(device)
+    if config.split not in (0, 1, 2) or (config.split and config.stack_qk):
+        raise ValueError(f"split {config.split}: 0, 1 or 2, and 0 with stack_qk")
     for name in ("block_v", "block_k"):
         if (width := getattr(config, name)) < 16 or width & (width - 1):
             raise ValueError(f"{name} {width}: a power of two of at least 16")
@@ -278,6 +336,8 @@ def tree_gdn_wy(
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
         SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        STACK=bool(config.stack_qk), num_warps=config.num_warps, num_stages=config.num_stages,
+        STACK=bool(config.stack_qk), SPLIT=config.split,
+        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -54,14 +54,20 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, stack: bool = False) -> str:
+def report(
+    bt: int, bv: int, kc: int, warps: int, served: bool = False, stack: int = 0, split: int = 0
+) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=stack)  # fmt: skip
+                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=bool(stack), SPLIT=split)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps)).asm["ptx"]
+    ptx = triton.compile(
+        src,
+        target=GPUTarget("cuda", 90, 32),
+        options=dict(num_warps=warps, num_stages=int(os.environ.get("STAGES", "3"))),
+    ).asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
@@ -71,8 +77,10 @@ def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, stack: b
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
     # sm_90 has fp64 MMA in shapes m8n8k4 and m16n8k{4,8,16}; Triton versions differ in the one they emit
-    mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
-    shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
+    mma = collections.Counter(
+        re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(f64|f32\.bf16)", ptx)
+    )
+    shapes = ", ".join(f"{n} {s} {t}" for (s, t), n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
     return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
@@ -83,8 +91,8 @@ def main(args: list[str]) -> None:
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps, *stack = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps, served, bool(stack and stack[0])), flush=True)
+        bt, bv, kc, warps, stack, split = ([int(x) for x in text.split(":")] + [0, 0])[:6]
+        print(report(bt, bv, kc, warps, served, stack, split), flush=True)
 
 
 if __name__ == "__main__":

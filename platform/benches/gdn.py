@@ -456,8 +456,9 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_stack_qk")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:stack]]]``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_stack_qk", "wy_split")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:stack[:split]]]]``)
+sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -494,7 +495,7 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:stack]]]`` -> the ``wy`` knobs (those left out at the served defaults),
+    """``BV:warps[:BK[:stages[:stack[:split]]]]`` -> the ``wy`` knobs (those left out at the served defaults),
     e.g. ``32:4`` or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
 
@@ -503,14 +504,17 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:stack]]] (two to five integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:stack[:split]]]] (two to six integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
-    bv, warps, bk, stages, stack = values
-    if any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1 or stack not in (0, 1):
+    bv, warps, bk, stages, stack, split = values
+    if (
+        any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1 or stack not in (0, 1)
+        or split not in (0, 1, 2) or (stack and split)
+    ):  # fmt: skip
         raise ValueError(
             f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive,"
-            " stack 0 or 1"
+            " stack 0 or 1, split 0, 1 or 2 (0 with stack)"
         )
     return dict(zip(WY_KNOBS, values, strict=True))
 
@@ -520,8 +524,11 @@ def _config_text(values: dict[str, int] | dict[str, float]) -> str:
     from lumotree.kernels.tree_scan import TreeScanConfig
 
     base = TreeScanConfig()
-    if set(values) == set(WY_KNOBS):  # the stack flag only when set, so older items read the same
-        return ":".join(str(values[k]) for k in WY_KNOBS if k != "wy_stack_qk" or values[k])
+    if set(values) == set(WY_KNOBS):
+        vals = [values[k] for k in WY_KNOBS]
+        while len(vals) > 4 and not vals[-1]:  # trailing off-flags left out, so older items read the same
+            vals.pop()
+        return ":".join(str(v) for v in vals)
     head = ":".join(str(values[k]) for k in _HEAD)
     rest = [f"{k}={v}" for k, v in values.items() if k not in _HEAD and v != getattr(base, k)]
     return "/".join([head, *rest])
@@ -549,8 +556,9 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages[:stack]]] of the wy plan mode (BK: key-chunk width); registers "
-            "and spills per config on sm_90: bench/analysis/wy_registers.py.",
+            help="Launch configs BV:warps[:BK[:stages[:stack[:split]]]] of the wy plan mode (BK: key-chunk "
+            "width; stack, split: TreeWyConfig's stack_qk and split); registers and spills per config on "
+            "sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
