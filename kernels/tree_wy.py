@@ -182,8 +182,8 @@ def _key_products_stacked(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.c
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr = False,
-                    SPLIT: tl.constexpr = 0, INTERPRET: tl.constexpr = False):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr, SPLIT: tl.constexpr,
+                    INTERPRET: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
