@@ -1,11 +1,12 @@
-"""Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
+"""Analysis (CPU, no GPU needed): registers, spills and MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps) with the installed Triton, counts ``mma.sync ... f64`` instructions per
-shape in its PTX and reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles
-spill, the chunked key loop does not, which is why ``wy_block_k`` exists.
+tile, KC key chunk, warps; ``TreeWyConfig``'s stack_qk and split) with the installed Triton (pipelining
+depth: env STAGES, default 3), counts fp64 and bf16 ``mma.sync`` instructions per shape in its PTX and
+reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles spill, the chunked
+key loop does not, which is why ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps[:stack[:split]] ...]
 
 By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
 instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
@@ -82,7 +83,7 @@ def report(
     )
     shapes = ", ".join(f"{n} {s} {t}" for (s, t), n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps} stack {stack} split {split}: mma {shapes}, {used}"
 
 
 def main(args: list[str]) -> None:
