@@ -19,7 +19,9 @@ Numerics: a different order of operations than native decoding, so fp32 would ro
 measurement, break the audit's paired rule (E_tree <= 1.10 E_native + 2^-24 M64) in about 5 % of
 (case, head) cells. Everything after the loads is therefore computed in fp64 (fp32 products are exact
 there and the sums carry 29 more bits), so the only error left of size is the final rounding to the
-output dtype - below native decoding's own error. Operands reach fp64 and outputs leave it through fp32
+output dtype - below native decoding's own error. ``TreeWyConfig.split`` moves the products over the key
+dimension onto bf16 tensor cores at nearly that accuracy (three exact bf16 pieces per fp32 operand, fp32
+sums within a key chunk, fp64 across chunks). Operands reach fp64 and outputs leave it through fp32
 (the interpreter has no direct bf16 <-> fp64 cast), so a bf16 output is rounded twice: at most half an
 fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
