@@ -279,6 +279,16 @@ class TreeWyConfig:
     """1: q and k read as one [2 BT, KC] tile [Q; K], so each key chunk costs two products (with K^T and the
     state tile) instead of four."""
 
+    def __post_init__(self) -> None:
+        for name in ("block_v", "block_k"):
+            if (width := getattr(self, name)) < 16 or width & (width - 1):
+                raise ValueError(f"{name} {width}: a power of two of at least 16")
+        if self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
+        if self.split not in (0, 1, 2) or self.stack_qk not in (0, 1) or (self.split and self.stack_qk):
+            raise ValueError(f"split {self.split}, stack_qk {self.stack_qk}: split 0, 1 or 2, stack_qk 0 or 1, "
+                             "not both")  # fmt: skip
+
 
 def tree_gdn_wy(
     q: torch.Tensor,
@@ -327,11 +337,6 @@ def tree_gdn_wy(
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
     cu, anc, keep = plan.on(device)
-    if config.split not in (0, 1, 2) or (config.split and config.stack_qk):
-        raise ValueError(f"split {config.split}: 0, 1 or 2, and 0 with stack_qk")
-    for name in ("block_v", "block_k"):
-        if (width := getattr(config, name)) < 16 or width & (width - 1):
-            raise ValueError(f"{name} {width}: a power of two of at least 16")
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](

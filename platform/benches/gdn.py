@@ -498,6 +498,7 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     """``BV:warps[:BK[:stages[:stack[:split]]]]`` -> the ``wy`` knobs (those left out at the served defaults),
     e.g. ``32:4`` or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
+    from lumotree.kernels.tree_wy import TreeWyConfig
 
     try:
         values = [int(x) for x in text.split(":")]
@@ -508,14 +509,10 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
     bv, warps, bk, stages, stack, split = values
-    if (
-        any(w < 16 or w & (w - 1) for w in (bv, bk)) or warps < 1 or stages < 1 or stack not in (0, 1)
-        or split not in (0, 1, 2) or (stack and split)
-    ):  # fmt: skip
-        raise ValueError(
-            f"{text!r}: BV and BK must be powers of two of at least 16, warps and stages positive,"
-            " stack 0 or 1, split 0, 1 or 2 (0 with stack)"
-        )
+    try:  # the kernel config's own checks
+        TreeWyConfig(bv, warps, bk, stages, split=split, stack_qk=stack)
+    except ValueError as e:
+        raise ValueError(f"{text!r}: {e}") from None
     return dict(zip(WY_KNOBS, values, strict=True))
 
 
