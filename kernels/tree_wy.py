@@ -70,14 +70,16 @@ def _bf16x3(x, INTERPRET: tl.constexpr):
 
 @triton.jit
 def _dot_bf16x6(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo):
-    """a @ b for fp32 tiles given as ``_bf16x3`` pieces: the six piece products down to 2^-16 of hi x hi
-    (each exact in fp32), smallest first, accumulated in fp32 on bf16 tensor cores."""
+    """a @ b in fp64 for fp32 tiles given as ``_bf16x3`` pieces: the six piece products down to 2^-16 of
+    hi x hi (each exact in fp32) on bf16 tensor cores, hi x hi summed alone (16-bit products: their fp32 sum
+    is nearly exact) and the five smaller ones, smallest first, in a second fp32 sum whose rounding is
+    2^-8 smaller; the two sums meet in fp64."""
     acc = tl.dot(a_mid, b_mid)
     acc = tl.dot(a_lo, b_hi, acc)
     acc = tl.dot(a_hi, b_lo, acc)
     acc = tl.dot(a_mid, b_hi, acc)
     acc = tl.dot(a_hi, b_mid, acc)
-    return tl.dot(a_hi, b_hi, acc)
+    return tl.dot(a_hi, b_hi).to(tl.float64) + acc.to(tl.float64)
 
 
 @triton.jit
@@ -114,8 +116,8 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
             q_h, q_m, q_l = _bf16x3(b_q.to(tl.float32), INTERPRET)
         if SPLIT == 2:
             t_h, t_m, t_l = tl.trans(k_h), tl.trans(k_m), tl.trans(k_l)
-            kk += _dot_bf16x6(k_h, k_m, k_l, t_h, t_m, t_l).to(tl.float64)
-            qk += _dot_bf16x6(q_h, q_m, q_l, t_h, t_m, t_l).to(tl.float64)
+            kk += _dot_bf16x6(k_h, k_m, k_l, t_h, t_m, t_l)
+            qk += _dot_bf16x6(q_h, q_m, q_l, t_h, t_m, t_l)
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
         if SPLIT < 2:
@@ -123,8 +125,8 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
             qk += tl.dot(b_q, tl.trans(b_k))
         if SPLIT:
             s_h, s_m, s_l = _bf16x3(b_s, INTERPRET)
-            ks += _dot_bf16x6(k_h, k_m, k_l, s_h, s_m, s_l).to(tl.float64)
-            qs += _dot_bf16x6(q_h, q_m, q_l, s_h, s_m, s_l).to(tl.float64)
+            ks += _dot_bf16x6(k_h, k_m, k_l, s_h, s_m, s_l)
+            qs += _dot_bf16x6(q_h, q_m, q_l, s_h, s_m, s_l)
         else:
             b_s = b_s.to(tl.float64)
             ks += tl.dot(b_k, b_s)
