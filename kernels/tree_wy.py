@@ -288,8 +288,9 @@ class TreeWyConfig:
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
         if self.split not in (0, 1, 2) or self.stack_qk not in (0, 1) or (self.split and self.stack_qk):
-            raise ValueError(f"split {self.split}, stack_qk {self.stack_qk}: split 0, 1 or 2, stack_qk 0 or 1, "
-                             "not both")  # fmt: skip
+            raise ValueError(
+                f"split {self.split}, stack_qk {self.stack_qk}: split 0, 1 or 2, stack_qk 0 or 1, not both"
+            )
 
 
 def tree_gdn_wy(

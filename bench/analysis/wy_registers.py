@@ -60,7 +60,8 @@ def report(
 ) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=bool(stack), SPLIT=split, INTERPRET=False)  # fmt: skip
+                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=bool(stack), SPLIT=split,
+                  INTERPRET=False)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip

@@ -53,7 +53,8 @@ for bt, bv, kc, stack, split in ((16, 32, 32, 0, 0), (32, 64, 16, 0, 0), (64, 16
     # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself
     widths = set(re.findall(r"xf64, #ttg\.dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ttgir))
     assert widths == {"1"}, (bt, bv, kc, widths)
-    # split: the piece products are bf16 MMAs, laid out over warps as the fp64 ones ([1, warps]: no replication)
+    # split: the piece products are bf16 MMAs, laid out over warps as the fp64 ones ([1, warps]: none
+    # replicated)
     assert ("xbf16, #ttg.dot_op" in ttgir) == bool(split), (bt, bv, kc, split)
     warps = set(re.findall(r"#mma\d* = #ttg.nvidia_mma<\{[^}]*warpsPerCTA = (\[\d+, \d+\])", ttgir))
     assert not split or warps == {"[1, 4]"}, (bt, bv, kc, warps)
