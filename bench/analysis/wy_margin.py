@@ -36,7 +36,9 @@ def main(trees: int) -> None:
         h0 = torch.randn(1, hv, dk, dv, generator=gen) * 0.1
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
-        bound = 1.10 * (o_nat.double() - o64).abs().amax(dim=(0, 1, 3)) + 2.0**-24 * o64.abs().amax(dim=(0, 1, 3))
+        bound = 1.10 * (o_nat.double() - o64).abs().amax(dim=(0, 1, 3)) + 2.0**-24 * o64.abs().amax(
+            dim=(0, 1, 3)
+        )
         cells += hv
         for split in SPLITS:
             cfg = tree_wy.TreeWyConfig(split=split)
