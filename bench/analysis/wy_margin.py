@@ -1,9 +1,10 @@
-"""Analysis (CPU): how close each wy verifier form comes to the audit's paired rule, kernel under the interpreter.
+"""Analysis (CPU): how close each wy verifier form comes to the audit's paired rule, under the interpreter.
 
-Runs ``kernels.tree_wy`` (``TRITON_INTERPRET=1``, set here) on the GDN audit's trees and operands at the 27B key
-dim and prints, per ``TreeWyConfig.split``, the worst (case, value head) cell's E_tree over its bound
-1.10 E_native + 2^-24 M64 (the rule holds while this stays below 1) and the cells outside. The interpreter sums
-fp32 dots in numpy, not on tensor cores, so this is the margin's CPU estimate; ``bench gdn`` counts the GPU's.
+Runs ``kernels.tree_wy`` (``TRITON_INTERPRET=1``, set here) on the GDN audit's trees and operands at the
+27B key dim and prints, per ``TreeWyConfig.split``, the worst (case, value head) cell's E_tree over its
+bound 1.10 E_native + 2^-24 M64 (the rule holds while this stays below 1) and the cells outside. The
+interpreter sums fp32 dots in numpy, not on tensor cores, so this is the margin's CPU estimate; ``bench
+gdn`` counts the GPU's.
 
     python bench/analysis/wy_margin.py [TREES]
 """
