@@ -75,11 +75,6 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
-    wy_split: int = TreeWyConfig.split
-    """``wy``: 1 computes the key products with the state on bf16 tensor cores (three pieces per fp32
-    operand), 2 also K K^T and Q K^T; 0 all in fp64."""
-    wy_stack_qk: int = TreeWyConfig.stack_qk
-    """``wy``: 1 reads q and k as one stacked tile (two products per key chunk instead of four)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -92,10 +87,7 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(
-            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages,
-            split=self.wy_split, stack_qk=self.wy_stack_qk,
-        )  # fmt: skip
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

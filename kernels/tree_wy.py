@@ -19,9 +19,9 @@ Numerics: a different order of operations than native decoding, so fp32 would ro
 measurement, break the audit's paired rule (E_tree <= 1.10 E_native + 2^-24 M64) in about 5 % of
 (case, head) cells. Everything after the loads is therefore computed in fp64 (fp32 products are exact
 there and the sums carry 29 more bits), so the only error left of size is the final rounding to the
-output dtype - below native decoding's own error. ``TreeWyConfig.split`` moves the products over the key
-dimension onto bf16 tensor cores at nearly that accuracy (three exact bf16 pieces per fp32 operand, fp32
-sums within a key chunk, fp64 across chunks). Operands reach fp64 and outputs leave it through fp32
+output dtype - below native decoding's own error. (Products over the key dimension on bf16 tensor cores
+from exact three-piece splits, and q and k stacked into one tile, were both slower on the H100:
+BENCHMARKS.md, run 13.) Operands reach fp64 and outputs leave it through fp32
 (the interpreter has no direct bf16 <-> fp64 cast), so a bf16 output is rounded twice: at most half an
 fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
@@ -32,7 +32,6 @@ packed over sequences, at most ``MAX_ROWS`` per sequence).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,41 +54,11 @@ def _fp64_operand(x):
 
 
 @triton.jit
-def _bf16x3(x, INTERPRET: tl.constexpr):
-    """fp32 ``x`` as three bf16 tiles whose sum is ``x`` exactly (8 + 8 + 8 bits of its 24). Under the
-    Triton interpreter, whose dot multiplies bf16 tiles as their raw bits, the pieces are given as fp32
-    (they are exact there, and so is each product of two)."""
-    hi = x.to(tl.bfloat16)
-    r = x - hi.to(tl.float32)  # exact: hi is x rounded to 8 bits
-    mid = r.to(tl.bfloat16)
-    lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
-    if INTERPRET:
-        return hi.to(tl.float32), mid.to(tl.float32), lo.to(tl.float32)
-    return hi, mid, lo
-
-
-@triton.jit
-def _dot_bf16x6(a_hi, a_mid, a_lo, b_hi, b_mid, b_lo):
-    """a @ b in fp64 for fp32 tiles given as ``_bf16x3`` pieces: the six piece products down to 2^-16 of
-    hi x hi (each exact in fp32) on bf16 tensor cores, hi x hi summed alone (16-bit products: their fp32 sum
-    is nearly exact) and the five smaller ones, smallest first, in a second fp32 sum whose rounding is
-    2^-8 smaller; the two sums meet in fp64."""
-    acc = tl.dot(a_mid, b_mid)
-    acc = tl.dot(a_lo, b_hi, acc)
-    acc = tl.dot(a_hi, b_lo, acc)
-    acc = tl.dot(a_mid, b_hi, acc)
-    acc = tl.dot(a_hi, b_mid, acc)
-    return tl.dot(a_hi, b_hi).to(tl.float64) + acc.to(tl.float64)
-
-
-@triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, SPLIT: tl.constexpr,
-                  INTERPRET: tl.constexpr):  # fmt: skip
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
-    q and k read as separate tiles: four products per key chunk. SPLIT 1 computes ks and qs, SPLIT 2 all
-    four, chunk by chunk as ``_dot_bf16x6`` (fp32 within a chunk, fp64 across chunks); else fp64 MMA."""
+    four fp64 products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -111,26 +80,13 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
                       mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
         # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
-        if SPLIT:
-            k_h, k_m, k_l = _bf16x3(b_k.to(tl.float32), INTERPRET)
-            q_h, q_m, q_l = _bf16x3(b_q.to(tl.float32), INTERPRET)
-        if SPLIT == 2:
-            t_h, t_m, t_l = tl.trans(k_h), tl.trans(k_m), tl.trans(k_l)
-            kk += _dot_bf16x6(k_h, k_m, k_l, t_h, t_m, t_l)
-            qk += _dot_bf16x6(q_h, q_m, q_l, t_h, t_m, t_l)
         b_k = _fp64_operand(b_k)
         b_q = _fp64_operand(b_q)
-        if SPLIT < 2:
-            kk += tl.dot(b_k, tl.trans(b_k))
-            qk += tl.dot(b_q, tl.trans(b_k))
-        if SPLIT:
-            s_h, s_m, s_l = _bf16x3(b_s, INTERPRET)
-            ks += _dot_bf16x6(k_h, k_m, k_l, s_h, s_m, s_l)
-            qs += _dot_bf16x6(q_h, q_m, q_l, s_h, s_m, s_l)
-        else:
-            b_s = b_s.to(tl.float64)
-            ks += tl.dot(b_k, b_s)
-            qs += tl.dot(b_q, b_s)
+        b_s = b_s.to(tl.float64)
+        kk += tl.dot(b_k, tl.trans(b_k))
+        qk += tl.dot(b_q, tl.trans(b_k))
+        ks += tl.dot(b_k, b_s)
+        qs += tl.dot(b_q, b_s)
         if USE_QK_L2NORM_IN_KERNEL:
             ss_k += tl.sum(b_k * b_k, 1)
             ss_q += tl.sum(b_q * b_q, 1)
@@ -138,56 +94,10 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 
 
 @triton.jit
-def _split_rows(x, BT: tl.constexpr):
-    """The top and bottom [BT, N] halves of a [2 BT, N] tile."""
-    N: tl.constexpr = x.shape[1]
-    return tl.split(tl.permute(tl.reshape(x, [2, BT, N]), [1, 2, 0]))
-
-
-@triton.jit
-def _key_products_stacked(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr,
-                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                          KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                          USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """As ``_key_products`` (SPLIT 0), with q and k read as one [2 BT, KC] tile [Q; K]: two products per
-    key chunk."""
-    o_2t = tl.arange(0, 2 * BT)
-    top = o_2t < BT
-    rows2 = tl.reshape(tl.permute(tl.reshape(tl.join(rows, rows), [BT, 2]), [1, 0]), [2 * BT])
-    m_t2 = tl.reshape(tl.permute(tl.reshape(tl.join(m_t, m_t), [BT, 2]), [1, 0]), [2 * BT])
-    base = tl.where(top, q, k)
-    xk = tl.zeros([2 * BT, BT], dtype=tl.float64)
-    xs = tl.zeros([2 * BT, BV], dtype=tl.float64)
-    ss = tl.zeros([2 * BT], dtype=tl.float64)
-    for k0 in tl.range(0, BK, KC):
-        o_k = k0 + tl.arange(0, KC)
-        m_k = o_k < K
-        b_x = tl.load(base[:, None] + (rows2[:, None] * H + i_h) * K + o_k[None, :],
-                      mask=m_t2[:, None] & m_k[None, :], other=0)  # fmt: skip
-        b_k = tl.load(
-            k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0
-        )
-        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
-        b_x = _fp64_operand(b_x)
-        b_k = _fp64_operand(b_k)
-        b_s = b_s.to(tl.float64)
-        xk += tl.dot(b_x, tl.trans(b_k))
-        xs += tl.dot(b_x, b_s)
-        if USE_QK_L2NORM_IN_KERNEL:
-            ss += tl.sum(b_x * b_x, 1)
-    qk, kk = _split_rows(xk, BT)
-    qs, ks = _split_rows(xs, BT)
-    ss_q, ss_k = tl.split(tl.permute(tl.reshape(ss, [2, BT]), [1, 0]))
-    return kk, qk, ks, qs, ss_k, ss_q
-
-
-@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, STACK: tl.constexpr, SPLIT: tl.constexpr,
-                    INTERPRET: tl.constexpr):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -205,15 +115,9 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    args = (q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v)
-    if STACK:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products_stacked(
-            *args, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
-        )
-    else:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products(
-            *args, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL, SPLIT, INTERPRET
-        )
+    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+    )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
     # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -267,19 +171,13 @@ class TreeWyConfig:
     under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``)."""
     block_k: int = 16
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
-    columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers)."""
+    columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers;
+    32 with 8 warps took 0.724 ms on the H100 in run 13, against 0.646 for the default)."""
     num_stages: int = 3
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
-    H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815."""
-    split: int = 0
-    """Products over the key dimension on bf16 tensor cores instead of fp64 ones: 1 those with the state
-    (K S0, Q S0), 2 also K K^T and Q K^T; each fp32 operand as three bf16 pieces and six piece products,
-    accumulated in fp32 within a key chunk and in fp64 across chunks (the chunk's fp32 rounding is the
-    only error added)."""
-    stack_qk: int = 0
-    """1: q and k read as one [2 BT, KC] tile [Q; K], so each key chunk costs two products (with K^T and the
-    state tile) instead of four."""
+    H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
+    against 3 0.646. The loop waits on its fp64 MMAs, not on its loads (run 13's Nsight profile)."""
 
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):
@@ -287,10 +185,6 @@ class TreeWyConfig:
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
-        if self.split not in (0, 1, 2) or self.stack_qk not in (0, 1) or (self.split and self.stack_qk):
-            raise ValueError(
-                f"split {self.split}, stack_qk {self.stack_qk}: split 0, 1 or 2, stack_qk 0 or 1, not both"
-            )
 
 
 def tree_gdn_wy(
@@ -346,8 +240,6 @@ def tree_gdn_wy(
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
         SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        STACK=bool(config.stack_qk), SPLIT=config.split,
-        INTERPRET=os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

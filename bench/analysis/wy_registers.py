@@ -1,12 +1,12 @@
-"""Analysis (CPU, no GPU needed): registers, spills and MMA count of the matrix-form verifier on sm_90.
+"""Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps; ``TreeWyConfig``'s stack_qk and split) with the installed Triton (pipelining
-depth: env STAGES, default 3), counts fp64 and bf16 ``mma.sync`` instructions per shape in its PTX and
-reads ptxas' register and spill report. Prints one line per config: whole-K fp64 tiles spill, the chunked
-key loop does not, which is why ``wy_block_k`` exists.
+tile, KC key chunk, warps) with the installed Triton (pipelining depth: env STAGES, default 3), counts
+``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' register and spill report. Prints
+one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why ``wy_block_k``
+exists.
 
-    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps[:stack[:split]] ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
 
 By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
 instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
@@ -55,13 +55,10 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(
-    bt: int, bv: int, kc: int, warps: int, served: bool = False, stack: int = 0, split: int = 0
-) -> str:
+def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                  USE_QK_L2NORM_IN_KERNEL=not served, STACK=bool(stack), SPLIT=split,
-                  INTERPRET=False)  # fmt: skip
+                  USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})  # fmt: skip
@@ -79,12 +76,10 @@ def report(
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
     # sm_90 has fp64 MMA in shapes m8n8k4 and m16n8k{4,8,16}; Triton versions differ in the one they emit
-    mma = collections.Counter(
-        re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.(f64|f32\.bf16)", ptx)
-    )
-    shapes = ", ".join(f"{n} {s} {t}" for (s, t), n in mma.items()) or "0"
+    mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
+    shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    return f"BT {bt} BV {bv} KC {kc} warps {warps} stack {stack} split {split}: mma {shapes}, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
 def main(args: list[str]) -> None:
@@ -93,8 +88,8 @@ def main(args: list[str]) -> None:
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps, stack, split = ([int(x) for x in text.split(":")] + [0, 0])[:6]
-        print(report(bt, bv, kc, warps, served, stack, split), flush=True)
+        bt, bv, kc, warps = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps, served), flush=True)
 
 
 if __name__ == "__main__":

@@ -456,9 +456,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_stack_qk", "wy_split")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:stack[:split]]]]``)
-sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages]]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -495,7 +494,7 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:stack[:split]]]]`` -> the ``wy`` knobs (those left out at the served defaults),
+    """``BV:warps[:BK[:stages]]`` -> the ``wy`` knobs (those left out at the served defaults),
     e.g. ``32:4`` or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.kernels.tree_wy import TreeWyConfig
@@ -505,12 +504,11 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:stack[:split]]]] (two to six integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages]] (two to four integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
-    bv, warps, bk, stages, stack, split = values
     try:  # the kernel config's own checks
-        TreeWyConfig(bv, warps, bk, stages, split=split, stack_qk=stack)
+        TreeWyConfig(*values)
     except ValueError as e:
         raise ValueError(f"{text!r}: {e}") from None
     return dict(zip(WY_KNOBS, values, strict=True))
@@ -553,9 +551,8 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages[:stack[:split]]]] of the wy plan mode (BK: key-chunk "
-            "width; stack, split: TreeWyConfig's stack_qk and split); registers and spills per config on "
-            "sm_90: bench/analysis/wy_registers.py.",
+            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); "
+            "registers and spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(
             ",".join(SWEPT_PLANS), "--plans", help="Plan modes to sweep (the served one is always added)."
