@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .tree_plan import PLAN_MODES, LevelPlan, PathPlan, WyPlan, plan_tree
 from .tree_wy import TreeWyConfig, tree_gdn_wy
+from .workspace import workspace
 
 TREE_METHODS = (*PLAN_MODES, "wy")
 """``TreeScanConfig.plan_mode`` values: the scan's path plans and the matrix-form verifier."""
@@ -75,6 +76,9 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
+    wy_pair: int = TreeWyConfig.pair
+    """``wy``: 1 = two programs per value tile, the tree matrix and the state products apart
+    (``TreeWyConfig.pair``)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -87,7 +91,9 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages)
+        return TreeWyConfig(
+            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_pair
+        )
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:
@@ -356,31 +362,21 @@ def _tree_scan_kernel(
               USE_QK_L2NORM_IN_KERNEL, HAS_CUT, SIDE)  # fmt: skip
 
 
-_workspace: dict[tuple[str, int], torch.Tensor] = {}
 _streams: dict[tuple[str, int], torch.cuda.Stream] = {}
-_retired: list[torch.Tensor] = []
+_identity: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def _identity_rows(device: torch.device, n: int) -> torch.Tensor:
     """0..n-1 on the device, kept (no per-call kernel: it matters inside CUDA graphs of 48 layers)."""
-    key = (str(device), -n - 1)
-    if key not in _workspace:
-        _workspace[key] = torch.arange(n, device=device, dtype=torch.int32)
-    return _workspace[key]
+    key = (str(device), n)
+    if key not in _identity:
+        _identity[key] = torch.arange(n, device=device, dtype=torch.int32)
+    return _identity[key]
 
 
 def cut_workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """The per-device fp32 cut buffer, grown on demand and shared by all layers and calls.
-
-    Under CUDA-graph capture it must already be large enough (warm up once outside capture)."""
-    key = (str(device), 0)
-    buf = _workspace.get(key)
-    if buf is None or buf.numel() < numel:
-        if buf is not None:  # a captured graph may still point at it: never free it
-            _retired.append(buf)
-        buf = torch.empty(max(numel, 1), dtype=torch.float32, device=device)
-        _workspace[key] = buf
-    return buf
+    """The per-device fp32 cut buffer shared by all layers and calls (``workspace``)."""
+    return workspace(device, "cut", numel, torch.float32)
 
 
 def tree_gdn(
