@@ -26,8 +26,9 @@ BENCHMARKS.md, run 13.) Operands reach fp64 and outputs leave it through fp32
 fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
 
-One program per (value tile, value head, sequence); shapes as ``tree_scan.tree_gdn`` (fla layout, rows
-packed over sequences, at most ``MAX_ROWS`` per sequence).
+One program per (value tile, value head, sequence), or two that meet through a workspace
+(``TreeWyConfig.pair``); shapes as ``tree_scan.tree_gdn`` (fla layout, rows packed over sequences, at most
+``MAX_ROWS`` per sequence).
 """
 
 from __future__ import annotations
@@ -281,7 +282,8 @@ class TreeWyConfig:
     tree matrix W from K K^T and Q K^T, the other the state products K S0 and Q S0, and whichever finishes
     second combines them into the outputs. Twice the programs, so up to two share an SM and hide each
     other's latency (one 4-warp program per SM leaves the fp64 pipe waiting: BENCHMARKS.md, run 13). The
-    arithmetic and its order are those of one program: the outputs are bitwise the same."""
+    same fp64 products and sums in the same order as one program (bitwise the same outputs under the
+    interpreter). Untimed so far."""
 
     def __post_init__(self) -> None:
         if self.pair not in (0, 1):
