@@ -179,7 +179,7 @@ def _arrive(count, o_t):
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, part, count, H: tl.constexpr,
                     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, PAIR: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                    PART: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     if PAIR:
         # two programs per value tile: one forms the tree matrix, one the state products; roles alternate
         # over heads, so which of the two finishes (and writes the outputs) varies even in the interpreter
@@ -214,10 +214,10 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, part,
                                      USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
         _outputs(o, b_v, b_w, c_q, c_k, ks, qs, b_beta, kept, rows, i_hv, o_v, m_tv, HV, V)
     else:
-        # the pair's partials: W [BT, BT], c_q, c_k [BT] from the tree program; ks, qs [BT, BV] from the
-        # state program; read back by whichever of the two arrives second
+        # the pair's PART partials (``tree_plan.wy_pair_numel``): W [BT, BT], c_q, c_k [BT] from the tree
+        # program; ks, qs [BT, BV] from the state program; read back by whichever of the two arrives second
         i_p = (i_s * HV + i_hv) * tl.cdiv(V, BV) + i_v
-        base = part + i_p * (BT * BT + 2 * BT + 2 * BT * BV)
+        base = part + i_p * PART
         o_tt = o_t[:, None] * BT + o_t[None, :]
         o_tv = o_t[:, None] * BV + tl.arange(0, BV)[None, :]
         p_w, p_cq, p_ck = base + o_tt, base + BT * BT + o_t, base + BT * BT + BT + o_t
@@ -345,13 +345,17 @@ def tree_gdn_wy(
     BV = wy_block_v(config.block_v, V)
     BK = max(16, triton.next_power_of_2(K))
     tiles = triton.cdiv(V, BV)
-    pairs = plan.num_seqs * HV * tiles if config.pair else 0
-    part = workspace(device, "wy_part", pairs * wy_pair_numel(plan.block_t, BV), torch.float64)
-    count = workspace(device, "wy_count", pairs, torch.int32, zero=True)
+    stride = wy_pair_numel(plan.block_t, BV)
+    part = count = o  # never read by one program per tile
+    if config.pair:
+        pairs = plan.num_seqs * HV * tiles
+        part = workspace(device, "wy_part", pairs * stride, torch.float64)
+        count = workspace(device, "wy_count", pairs, torch.int32, zero=True)
     _tree_wy_kernel[(tiles * (1 + config.pair), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale, part, count,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, PAIR=config.pair, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        SQUARINGS=plan.squarings, PAIR=config.pair, PART=stride,
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

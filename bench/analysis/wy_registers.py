@@ -27,6 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from lumotree.kernels import tree_wy
+from lumotree.kernels.tree_plan import wy_pair_numel
 
 CONFIGS = (
     "32:32:128:4",
@@ -61,6 +62,7 @@ def ptxas() -> str:
 def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, pair: int = 0) -> str:
     fn = tree_wy._tree_wy_kernel
     consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3, PAIR=pair,
+                  PART=wy_pair_numel(bt, bv),
                   USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},

@@ -20,7 +20,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_scan, tree_wy
+from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_plan, tree_scan, tree_wy
 
 
 def build(fn, sig, consts):
@@ -45,8 +45,9 @@ wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32":
               "*i64": "anc", "*i8": "keep", "*fp64": "part"})
 for bt, bv, kc, pair in ((16, 32, 32, 0), (32, 64, 16, 0), (64, 16, 32, 0), (32, 32, 128, 0), (32, 64, 16, 1),
                          (16, 16, 32, 1)):  # fp64 dots: Hopper's DMMA
+    part = tree_plan.wy_pair_numel(bt, bv)
     ttgir = build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv,
-                                                    SQUARINGS=3, PAIR=pair,
+                                                    SQUARINGS=3, PAIR=pair, PART=part,
                                                     USE_QK_L2NORM_IN_KERNEL=True)).asm["ttgir"]
     # Triton 3.6 (the H200's) aborts on fp64 dot operands of kWidth > 1, which bf16 loads ask for
     # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself

@@ -26,8 +26,8 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     assert res["rows"] == 4 and res["lumotree"]["eager"]["total"]["median_ms"] > 0
     acc = res["accuracy"]
     assert acc["state_bitwise_vs_per_layer_replay"] and acc["max_err_tree_vs_f64"] < 1e-5
-    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16 paired, the served 64:4:16 added), all
-    # checked against float64
+    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16 paired, the served 64:4:16 added),
+    # all checked against float64
     sweep = res["verify_sweep"]
     assert len(sweep) == 12 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
     want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
