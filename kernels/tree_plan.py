@@ -467,16 +467,21 @@ def plan_paths(
         return car if car.updates <= 2 * car.num_rows else plan_paths(parents, cu_seqlens, "levels", skip)
     if mode not in PLAN_MODES:
         raise ValueError(f"unknown plan mode {mode!r}; choose one of {PLAN_MODES}")
+    p, cu = _host_tree(parents, cu_seqlens)
+    return _plan_cached(p, cu, mode, frozenset(int(r) for r in skip))
+
+
+def _host_tree(
+    parents: Sequence[int] | torch.Tensor, cu_seqlens: Sequence[int] | torch.Tensor | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Parents and row ranges as host tuples (the cache keys), one sequence when ``cu_seqlens`` is None."""
     p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))
     if not p:
         raise ValueError("empty tree")
     if cu_seqlens is None:
-        cu: tuple[int, ...] = (0, len(p))
-    else:
-        cu = tuple(
-            int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
-        )
-    return _plan_cached(p, cu, mode, frozenset(int(r) for r in skip))
+        return p, (0, len(p))
+    cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens
+    return p, tuple(int(x) for x in cu)
 
 
 def plan_tree(
@@ -485,18 +490,24 @@ def plan_tree(
     mode: str = "auto",
     skip: Sequence[int] = (),
     wy_max_rows: int = 0,
+    scan_max_chain: int = 0,
 ) -> PathPlan | WyPlan:
     """The verify plan of a packed batch of trees for a ``TreeScanConfig.plan_mode``: the matrix-form
-    verifier's tables for ``wy``, and for ``auto`` when no sequence has more than ``wy_max_rows`` rows;
+    verifier's tables for ``wy``, and for ``auto`` when no sequence has more than ``wy_max_rows`` rows,
+    unless every sequence is a chain of at most ``scan_max_chain`` rows (the scan walks each as one route);
     otherwise a scan's path plan (``plan_paths``). Arguments as ``plan_paths``."""
-    if mode == "auto" and wy_max_rows:
-        if cu_seqlens is None:
-            longest = len(parents)
-        else:
-            cu = cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else list(cu_seqlens)
-            longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
-        mode = "wy" if longest <= wy_max_rows else mode
-    return plan_wy(parents, cu_seqlens, skip) if mode == "wy" else plan_paths(parents, cu_seqlens, mode, skip)
+    p, cu = _host_tree(parents, cu_seqlens)
+    if mode == "auto" and _auto_wy(p, cu, wy_max_rows, scan_max_chain):
+        mode = "wy"
+    return plan_wy(p, cu, skip) if mode == "wy" else plan_paths(p, cu, mode, skip)
+
+
+@lru_cache(maxsize=256)
+def _auto_wy(p: tuple[int, ...], cu: tuple[int, ...], wy_max_rows: int, scan_max_chain: int) -> bool:
+    gp, seq = _global_parents(p, cu)  # validates
+    longest = max(b - a for a, b in zip(cu[:-1], cu[1:], strict=True))
+    chains = longest <= scan_max_chain and all(par == r - 1 for r, par in enumerate(gp) if r != cu[seq[r]])
+    return longest <= wy_max_rows and not chains
 
 
 # ------------------------------------------------- tables of the matrix-form verifier (kernels.tree_wy)
@@ -590,12 +601,7 @@ def plan_wy(
 ) -> WyPlan:
     """The tables of a packed batch of trees (parents local to each sequence, as ``tree_plan.plan_paths``);
     cached per topology. ``skip``: global rows written as zeros (their subtrees must be skipped too)."""
-    p = tuple(int(x) for x in (parents.tolist() if isinstance(parents, torch.Tensor) else parents))
-    if not p:
-        raise ValueError("empty tree")
-    cu = (0, len(p)) if cu_seqlens is None else tuple(
-        int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)
-    )  # fmt: skip
+    p, cu = _host_tree(parents, cu_seqlens)
     return _wy_cached(p, cu, frozenset(int(r) for r in skip))
 
 

@@ -55,7 +55,7 @@ class TreeScanConfig:
     plan_mode: str = "auto"
     """How a tree is verified when no plan is given: cut into paths (``tree_plan.PLAN_MODES``; ``auto``
     picks the one-launch sidecar plan unless its recomputed prefixes more than double the node updates, and
-    ``wy`` for trees of at most ``wy_max_rows`` rows), or ``wy``:
+    ``wy`` for trees of at most ``wy_max_rows`` rows but short chains, ``scan_max_chain``), or ``wy``:
     no paths at all, the whole tree in one matrix pass in fp64 (``kernels.tree_wy``; launch knobs
     ``wy_block_v``, ``wy_num_warps`` and ``wy_block_k``, the scan's knobs unused)."""
     tiles: int = 1
@@ -84,6 +84,12 @@ class TreeScanConfig:
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
     sidecar scan's equal them bit for bit. On the H100 wy verified hydra27 (32 rows) in 0.68 ms against the
     sidecar scan's 0.87 over 48 layers, and 64-row trees more slowly (BENCHMARKS.md, run 11)."""
+    scan_max_chain: int = 8
+    """``auto``: batches of chains of at most this many rows each are scanned (sidecar plan: one route per
+    chain), whatever ``wy_max_rows``; their outputs are then native decoding's bit for bit. On the H100 the
+    scan verified chains of 1, 4, 8 and 12 rows in 0.198, 0.294, 0.411 and 0.527 ms over 48 layers (run 11)
+    against wy's 0.389, 0.411, 0.429 and 0.446 (run 13): wy's fixed cost only pays from about 9 rows, so
+    the MTP-5 (6 rows) and EAGLE (8 rows) chains are scanned."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,
@@ -416,7 +422,9 @@ def tree_gdn(
     if plan is None:
         if parents is None:
             raise ValueError("need parents or a plan")
-        plan = plan_tree(parents, cu_seqlens, config.plan_mode, skip, config.wy_max_rows)
+        plan = plan_tree(
+            parents, cu_seqlens, config.plan_mode, skip, config.wy_max_rows, config.scan_max_chain
+        )
     if isinstance(plan, WyPlan):
         return tree_gdn_wy(
             q, k, v, g, beta, None, initial_state, scale, plan, cu_seqlens=cu_seqlens,

@@ -279,10 +279,10 @@ class TreeTopology:
         skips them in the GDN scan and leaves their outputs zero."""
         return tuple(i for i, on in enumerate(self.default_active) if not on)
 
-    def plan(self, mode: str = "auto", wy_max_rows: int = 0) -> PathPlan | WyPlan:
+    def plan(self, mode: str = "auto", wy_max_rows: int = 0, scan_max_chain: int = 0) -> PathPlan | WyPlan:
         """The GDN verify plan of this tree, padded rows skipped (cached per topology): a scan's path plan,
         or the matrix-form verifier's tables (``tree_plan.plan_tree``)."""
-        return plan_tree(self.parents, mode=mode, skip=self.padded_rows, wy_max_rows=wy_max_rows)
+        return plan_tree(self.parents, None, mode, self.padded_rows, wy_max_rows, scan_max_chain)
 
     def tensor(self, what: str, device: torch.device | str = "cpu") -> torch.Tensor:
         """Cached device copies of ``parents`` (int64), ``depth`` (int64) or ``default_active`` (bool)."""

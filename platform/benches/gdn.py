@@ -81,13 +81,16 @@ matrix-form verifier, swept over ``--wy-configs`` instead of ``--configs``."""
 def _chain_sweep(
     verify_rows: Any, rows: int, cfg: Any, torch: Any, device: Any, warmup: int, iters: int, graph: bool
 ) -> dict[str, Any]:
-    """The served scan over chains of 1 .. 16 nodes, all layers: a path's nodes are sequential, so the
-    least-squares slope (time per chain node per layer) is the scan's per-node latency, and a tree's
-    verify cannot beat its deepest path times that slope plus the intercept (launch and state load)."""
+    """The served verify over chains of 1 .. 16 nodes, all layers, and each one's plan mode. Where one mode
+    serves them all, the least-squares slope and intercept: for the scan, a path's nodes are sequential, so
+    the slope is its per-node latency and a tree's verify cannot beat its deepest path times that slope plus
+    the intercept (launch and state load)."""
     lengths = [n for n in (1, 2, 4, 8, 12, 16) if n <= rows]
-    ms = [time_call(verify_rows(n, cfg), torch, device, warmup, iters, graph)["median_ms"] for n in lengths]
+    runs = [verify_rows(n, cfg) for n in lengths]
+    ms = [time_call(fn, torch, device, warmup, iters, graph)["median_ms"] for fn, _ in runs]
     out: dict[str, Any] = {"lengths": lengths, "verify_ms": ms, "mode": "graph" if graph else "eager"}
-    if len(lengths) > 1:
+    out["plans"] = [plan for _, plan in runs]  # auto scans short chains (TreeScanConfig.scan_max_chain)
+    if len(lengths) > 1 and len(set(out["plans"])) == 1:
         out["per_node_ms"], out["intercept_ms"] = statistics.linear_regression(lengths, ms)
     return out
 
@@ -197,7 +200,9 @@ def run_gdn_bench(
 
     # ---- verify variants -------------------------------------------------------------------------
     dc = tree_scan.DEFAULT_CONFIG
-    served_plan = topo.plan(dc.plan_mode, dc.wy_max_rows).mode  # "auto": the mode it picks for this tree
+    served_plan = topo.plan(
+        dc.plan_mode, dc.wy_max_rows, dc.scan_max_chain
+    ).mode  # "auto": the mode it picks for this tree
     # the headline is the served config, so its plan mode is always swept
     plans = {m: topo.plan(m) for m in dict.fromkeys((*plan_modes, served_plan))}
     outs = torch.empty(L, 1, R, hv, dv, device=device)
@@ -212,17 +217,18 @@ def run_gdn_bench(
 
         return fn
 
-    def verify_rows(n: int, cfg: Any) -> Any:
-        """The scan over a chain of the first ``n`` rows' operands, every layer (the served plan mode)."""
+    def verify_rows(n: int, cfg: Any) -> tuple[Any, str]:
+        """The verify of a chain of the first ``n`` rows' operands, every layer, and its plan's mode (as
+        served)."""
         chain = [-1, *range(n - 1)]
-        plan = plan_tree(chain, mode=cfg.plan_mode, wy_max_rows=cfg.wy_max_rows)
+        plan = plan_tree(chain, None, cfg.plan_mode, (), cfg.wy_max_rows, cfg.scan_max_chain)
 
         def fn() -> None:
             for li in range(L):
                 tree_scan.tree_gdn(q[li][:, :n], k[li][:, :n], v[li][:, :n], g[li][:, :n], beta[li][:, :n],
                                    None, pool[li], scale, plan, config=cfg, out=outs[li][:, :n])  # fmt: skip
 
-        return fn
+        return fn, plan.mode
 
     modes_graph = [False, True] if cuda else [False]
     knobs = ("plan", *SCAN_KNOBS, *WY_KNOBS)
@@ -450,6 +456,9 @@ def _table(res: dict[str, Any], console: Any) -> None:
             tab.add_row("byte floor", "-", "", "", f"{b['ms']:.4f}", f"{b['copy_bandwidth_GBps']:.0f} GB/s")
     console.print(tab)
     chains = res.get("chain_sweep", {})
+    if chains:
+        cells = zip(chains["lengths"], chains["plans"], chains["verify_ms"], strict=True)
+        console.print("served verify over chains: " + ", ".join(f"{n} {p} {t:.4f} ms" for n, p, t in cells))
     if "per_node_ms" in chains:
         layers = res["shapes"]["layers"]
         console.print(

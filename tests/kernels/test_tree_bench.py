@@ -44,8 +44,9 @@ def test_gdn_bench_smoke(tmp_path) -> None:
         and res["verify_fastest_within_rule"] in per_plan.values()
     )
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])
-    chains = res["chain_sweep"]  # the served scan over chains of 1, 2 and 4 of the tree's rows
+    chains = res["chain_sweep"]  # the served verify over chains of 1, 2 and 4 of the tree's rows
     assert chains["lengths"] == [1, 2, 4] and len(chains["verify_ms"]) == 3
+    assert chains["plans"] == ["sidecar"] * 3  # auto scans short chains (TreeScanConfig.scan_max_chain)
     # a fit's sign is a timing (the served wy verifies a whole chain at once): only its presence is checked
     assert all(t > 0 for t in chains["verify_ms"]) and {"per_node_ms", "intercept_ms"} <= set(chains)
 

@@ -150,6 +150,16 @@ def test_plan_tree_sends_small_trees_to_wy_under_auto() -> None:
     assert plan_tree(two, [0, 32, 35], wy_max_rows=16).mode == "sidecar"
     assert plan_tree(HYDRA, mode="levels", wy_max_rows=32).mode == "levels"  # only auto picks wy
     assert isinstance(plan_tree([-1, *range(40)], mode="wy"), WyPlan)
+    # short chains are scanned (one route each): a batch of chains of up to scan_max_chain rows, not longer
+    # ones, not a tree among them, not a sequence holding two chains
+    six, nine = [-1, *range(5)], [-1, *range(8)]
+    assert plan_tree(six + six, [0, 6, 12], wy_max_rows=32, scan_max_chain=8).mode == "sidecar"
+    assert isinstance(plan_tree(six + nine, [0, 6, 15], wy_max_rows=32, scan_max_chain=8), WyPlan)
+    assert isinstance(plan_tree(six + [-1, 0, 0], [0, 6, 9], wy_max_rows=32, scan_max_chain=8), WyPlan)
+    assert isinstance(plan_tree([-1, 0, -1, 2], wy_max_rows=32, scan_max_chain=8), WyPlan)
+    assert isinstance(plan_tree(six, wy_max_rows=32), WyPlan)  # 0 = never
+    with pytest.raises(ValueError, match="do not cover"):
+        plan_tree(six, [0, 7], wy_max_rows=32, scan_max_chain=8)
 
 
 def test_skipped_padded_rows_leave_every_path(shared_data) -> None:
