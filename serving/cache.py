@@ -52,14 +52,12 @@ class _FreeList:
         return set(self._used)
 
 
-class RecurrentStatePool:
-    """fp32 GDN recurrent states, one row per live sequence; a row is zeroed when handed out."""
+class _RowPool:
+    """A [layers, rows, ...] state tensor whose rows are handed out one per live sequence, zeroed."""
 
-    def __init__(
-        self, layers: int, rows: int, heads: int, k: int, v: int, device: torch.device | str
-    ) -> None:
-        self.state = torch.zeros(layers, rows, heads, k, v, dtype=torch.float32, device=device)
-        self.rows = _FreeList(rows, "recurrent-state row")
+    def __init__(self, state: torch.Tensor, what: str) -> None:
+        self.state = state
+        self.rows = _FreeList(state.shape[1], what)
 
     def alloc(self) -> int:
         r = self.rows.take()
@@ -70,23 +68,26 @@ class RecurrentStatePool:
         self.rows.give(row)
 
 
-class ConvStatePool:
+class RecurrentStatePool(_RowPool):
+    """fp32 GDN recurrent states, one row per live sequence; a row is zeroed when handed out."""
+
+    def __init__(
+        self, layers: int, rows: int, heads: int, k: int, v: int, device: torch.device | str
+    ) -> None:
+        state = torch.zeros(layers, rows, heads, k, v, dtype=torch.float32, device=device)
+        super().__init__(state, "recurrent-state row")
+
+
+class ConvStatePool(_RowPool):
     """Pre-conv inputs of the last (kernel - 1) committed tokens per GDN layer, oldest first; zero when
     fresh."""
 
     def __init__(
         self, layers: int, rows: int, conv_dim: int, hist: int, device: torch.device | str, dtype: torch.dtype
     ) -> None:
-        self.state = torch.zeros(layers, rows, conv_dim, hist, dtype=dtype, device=device)
-        self.rows = _FreeList(rows, "conv-state row")
-
-    def alloc(self) -> int:
-        r = self.rows.take()
-        self.state[:, r].zero_()
-        return r
-
-    def free(self, row: int) -> None:
-        self.rows.give(row)
+        super().__init__(
+            torch.zeros(layers, rows, conv_dim, hist, dtype=dtype, device=device), "conv-state row"
+        )
 
 
 class PagedKVCache:
