@@ -516,16 +516,6 @@ MAX_ROWS = 64
 """Rows per tree: a row's ancestors are one int64 bit mask."""
 
 
-def wy_block_v(block_v: int, v_dim: int) -> int:
-    """The wy value-tile width: ``block_v``, or the value dim's power of two (>= 16) if narrower."""
-    return min(block_v, max(16, 1 << (v_dim - 1).bit_length()))
-
-
-def wy_pair_numel(block_t: int, block_v: int) -> int:
-    """fp64 elements of one pair's partials (``TreeWyConfig.pair``): W, c_q, c_k, K S0 and Q S0."""
-    return block_t * block_t + 2 * block_t + 2 * block_t * block_v
-
-
 @dataclass(frozen=True)
 class WyPlan:
     """The per-row tables of one packed batch of trees (host lists; device copies cached per device)."""
@@ -555,12 +545,6 @@ class WyPlan:
     def cut_buffer_bytes(self, num_v_heads: int, k_dim: int, v_dim: int) -> int:
         """No cut states: every node reads only its sequence's committed state."""
         return 0
-
-    def pair_workspace_bytes(self, num_v_heads: int, v_dim: int, block_v: int, pair: int) -> int:
-        """The fp64 partials and int32 counters of ``TreeWyConfig.pair``, 0 without it."""
-        bv = wy_block_v(block_v, v_dim)
-        pairs = self.num_seqs * num_v_heads * -(-v_dim // bv) if pair else 0
-        return pairs * (wy_pair_numel(self.block_t, bv) * 8 + 4)
 
     @property
     def num_seqs(self) -> int:

@@ -21,14 +21,14 @@ measurement, break the audit's paired rule (E_tree <= 1.10 E_native + 2^-24 M64)
 there and the sums carry 29 more bits), so the only error left of size is the final rounding to the
 output dtype - below native decoding's own error. (Products over the key dimension on bf16 tensor cores
 from exact three-piece splits, and q and k stacked into one tile, were both slower on the H100:
-BENCHMARKS.md, run 13.) Operands reach fp64 and outputs leave it through fp32
-(the interpreter has no direct bf16 <-> fp64 cast), so a bf16 output is rounded twice: at most half an
-fp32 ulp more. As in the scan, only outputs come out: durable state is
+BENCHMARKS.md, run 13; so were two programs per value tile, the tree matrix apart from the state products,
+meeting through a workspace, on the H200: 1.06 ms against 0.64, run 14.) Operands reach fp64 and outputs
+leave it through fp32 (the interpreter has no direct bf16 <-> fp64 cast), so a bf16 output is rounded
+twice: at most half an fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
 
-One program per (value tile, value head, sequence), or two that meet through a workspace
-(``TreeWyConfig.pair``); shapes as ``tree_scan.tree_gdn`` (fla layout, rows packed over sequences, at most
-``MAX_ROWS`` per sequence).
+One program per (value tile, value head, sequence); shapes as ``tree_scan.tree_gdn`` (fla layout, rows
+packed over sequences, at most ``MAX_ROWS`` per sequence).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .tree_plan import WyPlan, plan_wy, wy_block_v, wy_pair_numel
-from .workspace import workspace
+from .tree_plan import WyPlan, plan_wy
 
 
 @triton.jit
@@ -56,12 +55,11 @@ def _fp64_operand(x):
 
 
 @triton.jit
-def _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
+def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, TREE: tl.constexpr, STATE: tl.constexpr,
-                  USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """In fp64: with ``TREE`` kk = K K^T, qk = Q K^T [BT, BT] and the rows' squared norms; with ``STATE``
-    ks = K S0, qs = Q S0 [BT, BV] (what is not asked for stays zero)."""
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
+    four fp64 products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -71,11 +69,6 @@ def _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.c
     qs = tl.zeros([BT, BV], dtype=tl.float64)
     ss_k = tl.zeros([BT], dtype=tl.float64)
     ss_q = tl.zeros([BT], dtype=tl.float64)
-    kkq = tl.zeros([BT, 2 * BT], dtype=tl.float64)
-    ss_kq = tl.zeros([2 * BT], dtype=tl.float64)
-    o_2t = tl.arange(0, 2 * BT)
-    rows_2t = (bos + o_2t % BT).to(tl.int64)
-    m_2t = o_2t % BT < n
     for k0 in tl.range(0, BK, KC):
         o_k = k0 + tl.arange(0, KC)
         m_k = o_k < K
@@ -83,110 +76,30 @@ def _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.c
         # all three loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under
         # Triton 3.6, against 32 bytes spilled with each load converted in turn
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        if STATE:
-            b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-        else:
-            # alone, [BT, BT] products would be laid out [warps, 1], wasting half of each MMA: K [K; Q]^T
-            # is one [BT, 2 BT] product, laid out [1, warps]
-            p_kq = tl.where(o_2t < BT, k, q)[None, :] + (rows_2t[None, :] * H + i_h) * K + o_k[:, None]
-            b_kq = tl.load(p_kq, mask=m_k[:, None] & m_2t[None, :], other=0)
-        if STATE:
-            b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                          mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
         # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
         b_k = _fp64_operand(b_k)
-        if STATE:
-            b_q = _fp64_operand(b_q)
-            if TREE:
-                kk += tl.dot(b_k, tl.trans(b_k))
-                qk += tl.dot(b_q, tl.trans(b_k))
-                if USE_QK_L2NORM_IN_KERNEL:
-                    ss_k += tl.sum(b_k * b_k, 1)
-                    ss_q += tl.sum(b_q * b_q, 1)
-            b_s = b_s.to(tl.float64)
-            ks += tl.dot(b_k, b_s)
-            qs += tl.dot(b_q, b_s)
-        else:
-            b_kq = _fp64_operand(b_kq)
-            kkq += tl.dot(b_k, b_kq)
-            if USE_QK_L2NORM_IN_KERNEL:
-                ss_kq += tl.sum(b_kq * b_kq, 0)
-    if not STATE:
-        # kkq = [K K^T | K Q^T]: its halves are kk and qk^T
-        kk, kq = tl.split(tl.permute(tl.reshape(kkq, [BT, 2, BT]), [0, 2, 1]))
-        qk = tl.trans(kq)
-        ss_k, ss_q = tl.split(tl.permute(tl.reshape(ss_kq, [2, BT]), [1, 0]))
+        b_q = _fp64_operand(b_q)
+        b_s = b_s.to(tl.float64)
+        kk += tl.dot(b_k, tl.trans(b_k))
+        qk += tl.dot(b_q, tl.trans(b_k))
+        ks += tl.dot(b_k, b_s)
+        qs += tl.dot(b_q, b_s)
+        if USE_QK_L2NORM_IN_KERNEL:
+            ss_k += tl.sum(b_k * b_k, 1)
+            ss_q += tl.sum(b_q * b_q, 1)
     return kk, qk, ks, qs, ss_k, ss_q
 
 
 @triton.jit
-def _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, o_t, scale, SQUARINGS: tl.constexpr,
-                 USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """W = P (I + A)^-1 [BT, BT] and the row factors c_q = e^G r_q, c_k = e^G r_k, so that
-    O = c_q (Q S0) + W (beta (V - c_k (K S0)))."""
-    if USE_QK_L2NORM_IN_KERNEL:
-        r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
-        r_q = scale / tl.sqrt(ss_q + 1e-6)
-    else:
-        r_k = tl.full(ss_k.shape, 1.0, tl.float64)
-        r_q = tl.full(ss_q.shape, scale, tl.float64)
-    b_g = b_g.to(tl.float32).to(tl.float64)
-    b_beta = b_beta.to(tl.float32).to(tl.float64)
-    is_anc = ((bits[:, None] >> o_t[None, :].to(tl.int64)) & 1) != 0  # [i, j]: j ancestor-or-self of i
-    b_G = tl.sum(tl.where(is_anc, b_g[None, :], 0.0), 1)
-    # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
-    decay = tl.where(is_anc, tl.exp(tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
-    b_a = tl.where(is_anc & (o_t[:, None] != o_t[None, :]),
-                   (b_beta * r_k)[:, None] * decay * kk * r_k[None, :], 0.0)  # fmt: skip
-    # W = P (I + A)^-1 = P (I - A)(I + A^2)(I + A^4)...: [BT, BT] products, whatever the value tile's width
-    b_w = r_q[:, None] * decay * qk * r_k[None, :]
-    b_w = b_w - tl.dot(b_w, b_a)
-    for _ in tl.static_range(SQUARINGS):
-        b_a = tl.dot(b_a, b_a)
-        b_w = b_w + tl.dot(b_w, b_a)
-    e_G = tl.exp(b_G)
-    return b_w, e_G * r_q, e_G * r_k
-
-
-@triton.jit
-def _outputs(o, b_v, b_w, c_q, c_k, ks, qs, b_beta, kept, rows, i_hv, o_v, m_tv, HV: tl.constexpr,
-             V: tl.constexpr):  # fmt: skip
-    """O = c_q (Q S0) + W (beta (V - c_k (K S0))), zero on skipped rows, stored where ``m_tv``. ``b_v``: the
-    value tile, or the value pointer to read it from (masked by ``m_tv``)."""
-    if b_v.dtype.is_ptr():
-        b_v = tl.load(b_v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
-    b_beta = b_beta.to(tl.float32).to(tl.float64)
-    b_b = b_beta[:, None] * (_fp64_operand(b_v) - c_k[:, None] * ks)
-    b_o = c_q[:, None] * qs + tl.dot(b_w, b_b)
-    b_o = tl.where(kept[:, None], b_o, 0.0)
-    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(tl.float32).to(o.dtype.element_ty),
-             mask=m_tv)  # fmt: skip
-
-
-@triton.jit
-def _arrive(count, o_t):
-    """Count this program in at its pair's counter. Returns, per row of ``o_t``, whether it is the second
-    (the pair's partials are then all written and visible); the second also resets the counter."""
-    tl.debug_barrier()  # every thread's partial stores precede the release below
-    old = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
-    tl.store(count, 0, mask=old == 1)
-    tl.debug_barrier()  # and the acquire precedes every thread's reads of the partner's partials
-    return o_t * 0 + old == 1
-
-
-@triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, part, count, H: tl.constexpr,
-                    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, PAIR: tl.constexpr,
-                    PART: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    if PAIR:
-        # two programs per value tile: one forms the tree matrix, one the state products; roles alternate
-        # over heads, so which of the two finishes (and writes the outputs) varies even in the interpreter
-        i_v, i_hv, i_s = tl.program_id(0) // 2, tl.program_id(1), tl.program_id(2)
-        tree_role = (tl.program_id(0) + i_hv) % 2 == 0
-    else:
-        i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
     n = tl.load(cu + i_s + 1) - bos
@@ -203,51 +116,41 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, part,
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    if not PAIR:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H,
-                                                   HV, K, V, BK, KC, BT, BV, True, True,
-                                                   USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-        # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the
-        # H100: 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
-        b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
-        b_w, c_q, c_k = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, o_t, scale, SQUARINGS,
-                                     USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-        _outputs(o, b_v, b_w, c_q, c_k, ks, qs, b_beta, kept, rows, i_hv, o_v, m_tv, HV, V)
+    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+    )
+    # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
+    # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
+    b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
+    if USE_QK_L2NORM_IN_KERNEL:
+        r_k = 1.0 / tl.sqrt(ss_k + 1e-6)
+        r_q = scale / tl.sqrt(ss_q + 1e-6)
     else:
-        # the pair's PART partials (``tree_plan.wy_pair_numel``): W [BT, BT], c_q, c_k [BT] from the tree
-        # program; ks, qs [BT, BV] from the state program; read back by whichever of the two arrives second
-        i_p = (i_s * HV + i_hv) * tl.cdiv(V, BV) + i_v
-        base = part + i_p * PART
-        o_tt = o_t[:, None] * BT + o_t[None, :]
-        o_tv = o_t[:, None] * BV + tl.arange(0, BV)[None, :]
-        p_w, p_cq, p_ck = base + o_tt, base + BT * BT + o_t, base + BT * BT + BT + o_t
-        p_ks, p_qs = base + BT * BT + 2 * BT + o_tv, base + BT * BT + 2 * BT + BT * BV + o_tv
-        if tree_role:
-            kk, qk, ks, qs, ss_k, ss_q = _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v,
-                                                       H, HV, K, V, BK, KC, BT, BV, True, False,
-                                                       USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-            b_w, c_q, c_k = _tree_matrix(kk, qk, ss_k, ss_q, b_g, b_beta, bits, o_t, scale, SQUARINGS,
-                                         USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-            tl.store(p_w, b_w)
-            tl.store(p_cq, c_q)
-            tl.store(p_ck, c_k)
-            last = _arrive(count + i_p, o_t)
-            ks = tl.load(p_ks, mask=last[:, None], other=0, cache_modifier=".cg")
-            qs = tl.load(p_qs, mask=last[:, None], other=0, cache_modifier=".cg")
-            # in each branch, not after them: a product in another region than the [BT, BT] chain's is
-            # laid out on its own, and the chain then falls back to [warps, 1], wasting half of each MMA
-            _outputs(o, v, b_w, c_q, c_k, ks, qs, b_beta, kept, rows, i_hv, o_v, m_tv & last[:, None], HV, V)
-        else:
-            kk, qk, ks, qs, ss_k, ss_q = _key_products(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v,
-                                                       H, HV, K, V, BK, KC, BT, BV, False, True,
-                                                       USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-            tl.store(p_ks, ks)
-            tl.store(p_qs, qs)
-            last = _arrive(count + i_p, o_t)
-            b_w = tl.load(p_w, mask=last[:, None], other=0, cache_modifier=".cg")
-            c_q = tl.load(p_cq, mask=last, other=0, cache_modifier=".cg")
-            c_k = tl.load(p_ck, mask=last, other=0, cache_modifier=".cg")
-            _outputs(o, v, b_w, c_q, c_k, ks, qs, b_beta, kept, rows, i_hv, o_v, m_tv & last[:, None], HV, V)
+        r_k = tl.full([BT], 1.0, tl.float64)
+        r_q = tl.full([BT], scale, tl.float64)
+    b_g = b_g.to(tl.float32).to(tl.float64)
+    b_beta = b_beta.to(tl.float32).to(tl.float64)
+    is_anc = ((bits[:, None] >> o_t[None, :].to(tl.int64)) & 1) != 0  # [i, j]: j ancestor-or-self of i
+    b_G = tl.sum(tl.where(is_anc, b_g[None, :], 0.0), 1)
+    # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
+    decay = tl.where(is_anc, tl.exp(tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
+    b_a = tl.where(is_anc & (o_t[:, None] != o_t[None, :]),
+                   (b_beta * r_k)[:, None] * decay * kk * r_k[None, :], 0.0)  # fmt: skip
+    # W = P (I + A)^-1 = P (I - A)(I + A^2)(I + A^4)...: [BT, BT] products, whatever the value tile's width
+    b_w = r_q[:, None] * decay * qk * r_k[None, :]
+    b_w = b_w - tl.dot(b_w, b_a)
+    for _ in tl.static_range(SQUARINGS):
+        b_a = tl.dot(b_a, b_a)
+        b_w = b_w + tl.dot(b_w, b_a)
+    e_G = tl.exp(b_G)
+    b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
+    b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
+    b_o = tl.where(kept[:, None], b_o, 0.0)
+    tl.store(
+        o + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
+        b_o.to(tl.float32).to(o.dtype.element_ty),
+        mask=m_tv,
+    )
 
 
 @dataclass(frozen=True)
@@ -277,17 +180,7 @@ class TreeWyConfig:
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
     against 3 0.646. The loop waits on its fp64 MMAs, not on its loads (run 13's Nsight profile)."""
 
-    pair: int = 0
-    """1: two programs per value tile and head instead of one, meeting through a workspace: one forms the
-    tree matrix W from K K^T and Q K^T, the other the state products K S0 and Q S0, and whichever finishes
-    second combines them into the outputs. Twice the programs, so up to two share an SM and hide each
-    other's latency (one 4-warp program per SM leaves the fp64 pipe waiting: BENCHMARKS.md, run 13). The
-    same fp64 products and sums in the same order as one program (bitwise the same outputs under the
-    interpreter). Untimed so far."""
-
     def __post_init__(self) -> None:
-        if self.pair not in (0, 1):
-            raise ValueError(f"pair {self.pair}: 0 or 1")
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
@@ -342,20 +235,12 @@ def tree_gdn_wy(
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
     cu, anc, keep = plan.on(device)
-    BV = wy_block_v(config.block_v, V)
+    BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
-    tiles = triton.cdiv(V, BV)
-    stride = wy_pair_numel(plan.block_t, BV)
-    part = count = o  # never read by one program per tile
-    if config.pair:
-        pairs = plan.num_seqs * HV * tiles
-        part = workspace(device, "wy_part", pairs * stride, torch.float64)
-        count = workspace(device, "wy_count", pairs, torch.int32, zero=True)
-    _tree_wy_kernel[(tiles * (1 + config.pair), HV, plan.num_seqs)](
-        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale, part, count,
+    _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
+        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, PAIR=config.pair, PART=stride,
-        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

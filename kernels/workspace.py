@@ -12,17 +12,14 @@ _buffers: dict[tuple[str, str], torch.Tensor] = {}
 _retired: list[torch.Tensor] = []
 
 
-def workspace(
-    device: torch.device | str, name: str, numel: int, dtype: torch.dtype, zero: bool = False
-) -> torch.Tensor:
+def workspace(device: torch.device | str, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """The buffer ``name`` on ``device``: at least ``numel`` elements of ``dtype`` (contents kept between
-    calls; ``zero``: zero-filled when first made or grown, for counters the kernels reset themselves)."""
+    calls)."""
     key = (str(device), name)
     buf = _buffers.get(key)
     if buf is None or buf.numel() < numel or buf.dtype != dtype:
         if buf is not None:
             _retired.append(buf)
-        make = torch.zeros if zero else torch.empty
-        buf = make(max(numel, 1), dtype=dtype, device=device)
+        buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
         _buffers[key] = buf
     return buf

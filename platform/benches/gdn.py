@@ -116,7 +116,7 @@ def run_gdn_bench(
     import torch
 
     from lumotree.kernels import dispatch, gdn_decode, tree_scan
-    from lumotree.kernels.tree_plan import WyPlan, plan_tree
+    from lumotree.kernels.tree_plan import plan_tree
     from lumotree.kernels.tree_scan_ref import paired_rule_ok, states_of, tree_gdn_float64, tree_gdn_ref
     from lumotree.serving.model.commit import publish_recurrent
     from lumotree.serving.model.record import ReplayStack
@@ -286,11 +286,6 @@ def run_gdn_bench(
     pub_tmp = 0.0 if dispatch.decodes_in_place(q) else 2 * state_mib + padded_mib
     lumo["named_buffers_mib"] = {
         "cut_states": cut_mib,
-        "wy_pair_partials": (
-            plan.pair_workspace_bytes(hv, dv, dc.wy_block_v, dc.wy_pair) / 2**20
-            if isinstance(plan, WyPlan)
-            else 0.0
-        ),
         "tree_outputs_per_layer": out_mib,
         "publish_temp": pub_tmp,
     }
@@ -470,8 +465,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_pair")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:pair]]]``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages]]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -508,8 +503,8 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:pair]]]`` -> the ``wy`` knobs (those left out at the served defaults),
-    e.g. ``32:4``, ``64:4:16:4`` or ``64:4:16:3:1``."""
+    """``BV:warps[:BK[:stages]]`` -> the ``wy`` knobs (those left out at the served defaults),
+    e.g. ``32:4`` or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.kernels.tree_wy import TreeWyConfig
 
@@ -518,7 +513,7 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:pair]]] (two to five integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages]] (two to four integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
     try:  # the kernel config's own checks
@@ -565,7 +560,7 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages[:pair]]] of the wy plan mode (BK: key-chunk width); "
+            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); "
             "registers and spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(

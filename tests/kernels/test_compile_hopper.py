@@ -20,7 +20,7 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_plan, tree_scan, tree_wy
+from lumotree.kernels import gdn_decode, gdn_prep, norm, tree_scan, tree_wy
 
 
 def build(fn, sig, consts):
@@ -41,22 +41,19 @@ for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, 
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
                                                  SIDE=side, PACKED=packed))
-wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu count",
-              "*i64": "anc", "*i8": "keep", "*fp64": "part"})
-for bt, bv, kc, pair in ((16, 32, 32, 0), (32, 64, 16, 0), (64, 16, 32, 0), (32, 32, 128, 0), (32, 64, 16, 1),
-                         (16, 16, 32, 1)):  # fp64 dots: Hopper's DMMA
-    part = tree_plan.wy_pair_numel(bt, bv)
+wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu", "*i64": "anc",
+               "*i8": "keep"})
+for bt, bv, kc in ((16, 32, 32), (32, 64, 16), (64, 16, 32), (32, 32, 128)):  # fp64 dots: Hopper's DMMA
     ttgir = build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv,
-                                                    SQUARINGS=3, PAIR=pair, PART=part,
-                                                    USE_QK_L2NORM_IN_KERNEL=True)).asm["ttgir"]
+                                                    SQUARINGS=3, USE_QK_L2NORM_IN_KERNEL=True)).asm["ttgir"]
     # Triton 3.6 (the H200's) aborts on fp64 dot operands of kWidth > 1, which bf16 loads ask for
     # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself
     widths = set(re.findall(r"xf64, #ttg\.dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ttgir))
     assert widths == {"1"}, (bt, bv, kc, widths)
     # at the served tile, one warp layout for every product, over columns: [warps, 1] would waste half of
-    # each 16-row MMA on [32, 32] products (the pair's tree program keeps them by its [BT, 2 BT] key product)
+    # each 16-row MMA on [32, 32] products (chained dots take the last one's layout: a [BT, BV] product)
     warps = set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+, \d+)\]", ttgir))
-    assert (bt, bv) != (32, 64) or warps == {"1, 4"}, (bt, bv, pair, warps)
+    assert (bt, bv) != (32, 64) or warps == {"1, 4"}, (bt, bv, warps)
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
 for replay in (False, True):
     build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))

@@ -17,7 +17,7 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     cli = [sys.executable, "-c", "from lumotree.platform.cli import main; main()"]
     cmd = cli + ["bench", "gdn", "--device", "cpu", "--layers", "1",
            "--hv", "2", "--hk", "1", "--dk", "8", "--dv", "8", "--tree", "chain3", "--accept-depth", "2",
-           "--warmup", "0", "--iters", "1", "--configs", "16:1:2", "--wy-configs", "16:4:16:3:1", "--json",
+           "--warmup", "0", "--iters", "1", "--configs", "16:1:2", "--wy-configs", "16:4:16", "--json",
            "--out", str(out)]  # fmt: skip
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -26,23 +26,19 @@ def test_gdn_bench_smoke(tmp_path) -> None:
     assert res["rows"] == 4 and res["lumotree"]["eager"]["total"]["median_ms"] > 0
     acc = res["accuracy"]
     assert acc["state_bitwise_vs_per_layer_replay"] and acc["max_err_tree_vs_f64"] < 1e-5
-    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16 paired, the served 64:4:16 added),
-    # all checked against float64
+    # each path plan x (16:1:2, the served 8:1:1 added) and wy x (16:4:16, the served 64:4:16 added), all
+    # checked against float64
     sweep = res["verify_sweep"]
     assert len(sweep) == 12 and all(r["cells_outside_paired_bound"] == 0 for r in sweep)
     want = {(plan, bv) for plan in ("levels", "flat", "side", "sidecar", "split") for bv in (8, 16)}
     assert {(r["plan"], r["block_v"]) for r in sweep if r["plan"] != "wy"} == want
-    assert {(r["wy_block_v"], r["wy_pair"]) for r in sweep if r["plan"] == "wy"} == {(16, 1), (64, 0)}
+    assert {r["wy_block_v"] for r in sweep if r["plan"] == "wy"} == {16, 64}
     per_plan = res["verify_fastest_within_rule_per_plan"]  # what scripts/gpu-bench.sh serves arms_wy with
     assert set(per_plan) == {"levels", "flat", "side", "sidecar", "split", "wy"}
     assert all(
         best["plan"] == plan and best["cells_outside_paired_bound"] == 0 for plan, best in per_plan.items()
     )
-    assert (
-        per_plan["wy"]["wy_block_v"] in (16, 64)
-        and "wy_pair" in per_plan["wy"]
-        and res["verify_fastest_within_rule"] in per_plan.values()
-    )
+    assert per_plan["wy"]["wy_block_v"] in (16, 64) and res["verify_fastest_within_rule"] in per_plan.values()
     assert {"pytorch_node", "native_path", "fla_paths_replay", "floor"} <= set(res["baselines"])
     chains = res["chain_sweep"]  # the served verify over chains of 1, 2 and 4 of the tree's rows
     assert chains["lengths"] == [1, 2, 4] and len(chains["verify_ms"]) == 3
@@ -71,20 +67,18 @@ def test_gdn_bench_config_syntax() -> None:
 
 
 def test_gdn_bench_wy_config_syntax() -> None:
-    """``--wy-configs`` items: BV:warps[:BK[:stages[:pair]]], the rest at the served defaults; bad items are
+    """``--wy-configs`` items: BV:warps[:BK[:stages]], the rest at the served defaults; bad items are
     refused."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.platform.benches.gdn import _config_text, _parse_wy_config
 
     base = TreeScanConfig()
     assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128,
-                                            "wy_num_stages": base.wy_num_stages, "wy_pair": 0}  # fmt: skip
+                                            "wy_num_stages": base.wy_num_stages}  # fmt: skip
     assert _parse_wy_config("16:4")["wy_block_k"] == base.wy_block_k
     assert _parse_wy_config("64:4:16:4") == {"wy_block_v": 64, "wy_num_warps": 4, "wy_block_k": 16,
-                                             "wy_num_stages": 4, "wy_pair": 0}  # fmt: skip
+                                             "wy_num_stages": 4}  # fmt: skip
     assert _config_text(_parse_wy_config("32:4:64:2")) == "32:4:64:2"
-    assert _parse_wy_config("64:4:16:3:1")["wy_pair"] == 1 and _parse_wy_config("64:4")["wy_pair"] == 0
-    assert _config_text(_parse_wy_config("64:4:16:3:1")) == "64:4:16:3:1"
-    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:0", "32:4:16:3:2", "32:4:16:3:0:1", "a:b"):
+    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:0", "32:4:16:3:1", "32:4:16:3:0:2", "a:b"):
         with pytest.raises(ValueError):
             _parse_wy_config(bad)
