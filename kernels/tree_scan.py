@@ -85,8 +85,9 @@ class TreeScanConfig:
     """``auto``: batches of chains of at most this many rows each are scanned (sidecar plan: one route per
     chain), whatever ``wy_max_rows``; their outputs are then native decoding's bit for bit. On the H100 the
     scan verified chains of 1, 4, 8 and 12 rows in 0.198, 0.294, 0.411 and 0.527 ms over 48 layers (run 11)
-    against wy's 0.389, 0.411, 0.429 and 0.446 (run 13): wy's fixed cost only pays from about 9 rows, so
-    the MTP-5 (6 rows) and EAGLE (8 rows) chains are scanned."""
+    against wy's 0.389, 0.411, 0.429 and 0.446 (run 13), and on the H200 in 0.189, 0.283, 0.402 against
+    0.383, 0.404, 0.422 at 1, 4, 8 rows (run 14): wy's fixed cost only pays from about 9 rows, so the MTP-5
+    (6 rows) and EAGLE (8 rows) chains are scanned."""
     maxnreg: int = 0
     """Register cap per thread (0: the compiler's choice): resident one-warp programs per SM are 65,536
     registers / (32 x registers per thread), at most 32; a cap trades spills for residency. The arithmetic,

@@ -200,9 +200,8 @@ def run_gdn_bench(
 
     # ---- verify variants -------------------------------------------------------------------------
     dc = tree_scan.DEFAULT_CONFIG
-    served_plan = topo.plan(
-        dc.plan_mode, dc.wy_max_rows, dc.scan_max_chain
-    ).mode  # "auto": the mode it picks for this tree
+    # "auto": the mode it picks for this tree
+    served_plan = topo.plan(dc.plan_mode, dc.wy_max_rows, dc.scan_max_chain).mode
     # the headline is the served config, so its plan mode is always swept
     plans = {m: topo.plan(m) for m in dict.fromkeys((*plan_modes, served_plan))}
     outs = torch.empty(L, 1, R, hv, dv, device=device)
