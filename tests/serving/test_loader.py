@@ -193,7 +193,8 @@ def test_loaded_projections_are_fused_views_and_match_separate_gemms(
         f.intact() for f in fused
     )
     gdn = next(m for m in model.modules() if type(m).__name__ == "GatedDeltaNet")
-    assert gdn.in_proj_z.weight.data_ptr() == gdn.fused.weight[gdn.in_proj_qkv.out_features].data_ptr()
+    # z is the block's trailing rows (a tree forward's GDN layer runs them aside: serving.model.aside)
+    assert gdn.in_proj_z.weight.data_ptr() == gdn.fused.weight[-gdn.in_proj_z.out_features].data_ptr()
     assert any(torch.equal(gdn.in_proj_z.weight, t) for k, t in ref.items() if k.endswith("in_proj_z.weight"))
 
     def logits() -> torch.Tensor:
