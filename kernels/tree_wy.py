@@ -194,7 +194,7 @@ class TreeWyConfig:
     tree_fp32: bool = False
     """The tree matrices in fp32: the decays e^(G_i - G_j) and e^G, and W = P (I + A)^-1, its [BT, BT]
     products on tensor cores in three tf32 passes (``input_precision="tf32x3"``, about fp32's accuracy);
-    the key products and W B stay fp64. Emulated on the audit's trees and operands at the 27B heads (3,072
+    the key products and W B stay fp64. Emulated on the audit's trees and operands at the 27B heads (1,536
     cells), the worst cell's error is 0.44 of its paired-rule bound (fp32 or tf32x3 products alike),
     against 0.22 all in fp64 (``bench/analysis/wy_precision.py``)."""
 

@@ -5,6 +5,11 @@ q.k products, the triangular solve) on the GDN audit's own operands and trees, 2
 (case, value head) cells outside E_tree <= 1.10 E_native + 2^-24 M64 against the float64 recurrence, with
 the fp32 per-node recurrence as the native envelope. Prints one line per variant.
 
+A second table emulates the kernel's own form (``kernels.tree_wy``: key products in fp64, W = P (I + A)^-1
+as the product (I - A)(I + A^2)... in fp64, fp32 or tf32x3, the decays' exponentials in fp64 or fp32) and
+prints each variant's worst cell error over its paired-rule bound: ``TreeWyConfig.tree_fp32`` is ``exp32``
+with ``W tf32x3``.
+
     python bench/analysis/wy_precision.py
 """
 
@@ -72,10 +77,65 @@ def wy(ops: dict[str, torch.Tensor], parents: list[int], h0: torch.Tensor, scale
     return (e_g[:, :, None] * q_s + p @ u).transpose(0, 1).float()
 
 
+def tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round to tf32 (10 mantissa bits, nearest with ties away, as cvt.rna.tf32.f32)."""
+    i = x.contiguous().view(torch.int32)
+    return ((i + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def tf32x3(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Triton's tf32x3 product: hi x hi plus the two cross terms, each exact in fp32, summed in fp32."""
+    xh, yh = tf32(x), tf32(y)
+    xl, yl = tf32(x - xh), tf32(y - yh)
+    return (xh @ yl + xl @ yh) + xh @ yh
+
+
+def kernel_form(ops: dict[str, torch.Tensor], parents: list[int], h0: torch.Tensor, scale: float, w_dt: str,
+                exp_dt: torch.dtype) -> torch.Tensor:  # fmt: skip
+    """The kernel's arithmetic: fp64 key products, W by squarings in ``w_dt``, exponentials in ``exp_dt``."""
+    anc = ancestors(parents)
+    n = len(parents)
+    depth = [0] * n
+    for i, p in enumerate(parents):
+        depth[i] = depth[p] + 1 if p >= 0 else 0
+    squarings = max(0, max(depth).bit_length() - 1)  # the least s with 2^(s+1) > depth
+    rep = HV // H
+    kf, qf = (ops[x].repeat_interleave(rep, 1).transpose(0, 1).double() for x in ("k", "q"))
+    vf, gt, bt = (ops["v"].transpose(0, 1).double(), ops["g"].t().double(), ops["beta"].t().double())
+    zero = torch.zeros((), dtype=F64)
+    big_g = torch.einsum("im,hm->hi", anc.double(), gt)
+    gap = torch.where(anc, big_g[:, :, None] - big_g[:, None, :], zero)
+    dec = torch.where(anc, torch.exp(gap.to(exp_dt)).double(), zero)
+    strict = anc & ~torch.eye(n, dtype=torch.bool)
+    a = torch.where(strict, bt[:, :, None] * dec * (kf @ kf.transpose(1, 2)), zero)
+    w = scale * dec * (qf @ kf.transpose(1, 2))
+    mm = tf32x3 if w_dt == "tf32x3" else torch.matmul
+    a, w = (x.to(F64 if w_dt == "fp64" else F32) for x in (a, w))
+    w = w - mm(w, a)
+    for _ in range(squarings):
+        a = mm(a, a)
+        w = w + mm(w, a)
+    e_g = torch.exp(big_g.to(exp_dt)).double()
+    b = bt[:, :, None] * (vf - e_g[:, :, None] * (kf @ h0.double()))
+    o = (e_g * scale)[:, :, None] * (qf @ h0.double()) + w.double() @ b
+    return o.transpose(0, 1).float()
+
+
+KERNEL_VARIANTS = {  # (W products, exponentials)
+    "fp64": ("fp64", F64),
+    "W fp32": ("fp32", F64),
+    "exp32": ("fp64", F32),
+    "exp32 W fp32": ("fp32", F32),
+    "exp32 W tf32x3": ("tf32x3", F32),
+}
+
+
 def main() -> None:
     rng, gen = random.Random(1), torch.Generator().manual_seed(1)
     bad = dict.fromkeys(VARIANTS, 0)
     worst = dict.fromkeys(VARIANTS, 0.0)
+    margin = dict.fromkeys(KERNEL_VARIANTS, 0.0)
+    kernel_bad = dict.fromkeys(KERNEL_VARIANTS, 0)
     cells = 0
     for _name, parents in audit.tree_schedule(32, rng, 64):
         ops = audit.gdn_inputs(len(parents), H, HV, K, V, gen, "cpu")
@@ -87,13 +147,21 @@ def main() -> None:
         e_nat = (o_nat.double() - o64).abs().amax(dim=(0, 2))
         m64 = o64.abs().amax(dim=(0, 2))
         cells += HV
+        bound = 1.10 * e_nat + 2**-24 * m64 + 2**-149
         for name, dts in VARIANTS.items():
             e = (wy(ops, parents, h0, scale, dts).double() - o64).abs().amax(dim=(0, 2))
-            bad[name] += int((e > 1.10 * e_nat + 2**-24 * m64 + 2**-149).sum())
+            bad[name] += int((e > bound).sum())
             worst[name] = max(worst[name], float((e / e_nat).max()))
+        for name, (w_dt, exp_dt) in KERNEL_VARIANTS.items():
+            e = (kernel_form(ops, parents, h0, scale, w_dt, exp_dt).double() - o64).abs().amax(dim=(0, 2))
+            kernel_bad[name] += int((e > bound).sum())
+            margin[name] = max(margin[name], float((e / bound).max()))
     print("cells", cells)
     for name in VARIANTS:
         print(f"{name:12s} outside {bad[name]:4d} worst E_tree/E_native {worst[name]:.2f}")
+    print("kernel form")
+    for name in KERNEL_VARIANTS:
+        print(f"{name:16s} outside {kernel_bad[name]:4d} worst E_tree/bound {margin[name]:.3f}")
 
 
 if __name__ == "__main__":
