@@ -43,8 +43,9 @@ for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, 
                                                  SIDE=side, PACKED=packed))
 wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu", "*i64": "anc",
                "*i8": "keep"})
-for bt, bv, kc, fp32 in ((16, 32, 32, 0), (32, 64, 16, 0), (64, 16, 32, 0), (32, 32, 128, 0), (32, 64, 16, 1)):
-    # fp64 dots: Hopper's DMMA; tree_fp32: the [BT, BT] products of W on CUDA cores
+wy_tiles = ((16, 32, 32, 0), (32, 64, 16, 0), (64, 16, 32, 0), (32, 32, 128, 0), (32, 64, 16, 1))
+for bt, bv, kc, fp32 in wy_tiles:
+    # fp64 dots: Hopper's DMMA; tree_fp32: W's [BT, BT] products as tf32x3 on the tensor cores
     ttgir = build(tree_wy._tree_wy_kernel, wy, dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv,
                                                     SQUARINGS=3, TREE_FP32=fp32,
                                                     USE_QK_L2NORM_IN_KERNEL=True)).asm["ttgir"]
