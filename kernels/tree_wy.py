@@ -196,7 +196,8 @@ class TreeWyConfig:
     products on tensor cores in three tf32 passes (``input_precision="tf32x3"``, about fp32's accuracy);
     the key products and W B stay fp64. Emulated on the audit's trees and operands at the 27B heads (1,536
     cells), the worst cell's error is 0.44 of its paired-rule bound (fp32 or tf32x3 products alike),
-    against 0.22 all in fp64 (``bench/analysis/wy_precision.py``)."""
+    against 0.22 all in fp64 (``bench/analysis/wy_precision.py``). Off until a GPU run times it (it has
+    only run under the interpreter); at 4 warps it spills 16 bytes under Triton 3.6, at 8 none."""
 
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):

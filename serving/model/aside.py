@@ -3,8 +3,9 @@
 A tree forward's GDN layer needs its output gate z only at the gated norm, after the tree verify; the wy
 verifier runs one program per (value tile, head), 96 of the H200's 132 SMs, so z's GEMM can stream its
 weights on the idle SMs meanwhile. ``LUMOTREE_OVERLAP_Z`` picks where the side stream forks: ``verify``
-(after the operand prep, beside the verify kernel; the default), ``proj`` (beside the input projection) or
-``0`` (none: z stays inside the fused input GEMM). CPU forwards and batch-invariant linears never fork.
+(after the operand prep, beside the verify kernel), ``proj`` (beside the input projection) or ``0`` (none:
+z stays inside the fused input GEMM; the default until a GPU run shows a fork faster, see BENCHMARKS.md).
+CPU forwards and batch-invariant linears never fork.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _streams: dict[torch.device, torch.cuda.Stream] = {}
 
 def overlap_mode(x: torch.Tensor) -> str:
     """Where a forward on ``x``'s device forks the z projection ("0": it does not)."""
-    mode = os.environ.get(ENV, "verify")
+    mode = os.environ.get(ENV, "0")
     if mode not in MODES:
         raise ValueError(f"{ENV}={mode!r}: one of {MODES}")
     return mode if x.is_cuda and not batch_invariant_enabled() else "0"
