@@ -55,8 +55,8 @@ class GatedDeltaNet(nn.Module):
         aside = self._aside_z(x, batch.mode)
         if aside is None:
             qkv, b, a, z = project(x, self._projections(), self.fused)
-        else:
-            qkv, b, a = self._project_without_z(x)
+        else:  # z, the block's trailing rows, runs aside
+            qkv, b, a = project(x, self._projections()[:-1], self.fused)
 
         conv_pool = caches.conv.state[li]
         conv_w = self.conv1d.weight[:, 0, :]
@@ -112,12 +112,6 @@ class GatedDeltaNet(nn.Module):
         if where == "proj":
             aside.start()
         return aside
-
-    def _project_without_z(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """qkv, b, a from the fused block's leading rows (z's trailing rows run aside)."""
-        assert self.fused is not None and self.fused.sizes[-1] == self.value_dim
-        w = self.fused.weight[: -self.value_dim]
-        return list(torch.nn.functional.linear(x, w).split(self.fused.sizes[:-1], dim=-1))
 
     def _replay_stack(
         self, record: TreeRecord, caches: StateCaches, qkv: torch.Tensor, S: int
