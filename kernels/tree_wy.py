@@ -95,19 +95,9 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 
 
 @triton.jit
-def _inverse_product(b_w, b_a, SQUARINGS: tl.constexpr, PRECISION: tl.constexpr):
-    """W (I + A)^-1 = W (I - A)(I + A^2)(I + A^4)... for nilpotent A with A^(2^(SQUARINGS+1)) = 0."""
-    b_w = b_w - tl.dot(b_w, b_a, input_precision=PRECISION)
-    for _ in tl.static_range(SQUARINGS):
-        b_a = tl.dot(b_a, b_a, input_precision=PRECISION)
-        b_w = b_w + tl.dot(b_w, b_a, input_precision=PRECISION)
-    return b_w
-
-
-@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, TREE_FP32: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
                     USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -143,17 +133,16 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     is_anc = ((bits[:, None] >> o_t[None, :].to(tl.int64)) & 1) != 0  # [i, j]: j ancestor-or-self of i
     b_G = tl.sum(tl.where(is_anc, b_g[None, :], 0.0), 1)
     # decay from ancestor j to node i: G_i - G_j <= 0 there; elsewhere 0 before exp (never overflows)
-    gap = tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)
-    decay = tl.where(is_anc, tl.exp(gap.to(tl.float32)).to(tl.float64) if TREE_FP32 else tl.exp(gap), 0.0)
+    decay = tl.where(is_anc, tl.exp(tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
     b_a = tl.where(is_anc & (o_t[:, None] != o_t[None, :]),
                    (b_beta * r_k)[:, None] * decay * kk * r_k[None, :], 0.0)  # fmt: skip
     # W = P (I + A)^-1 = P (I - A)(I + A^2)(I + A^4)...: [BT, BT] products, whatever the value tile's width
     b_w = r_q[:, None] * decay * qk * r_k[None, :]
-    if TREE_FP32:
-        b_w = _fp64_operand(_inverse_product(b_w.to(tl.float32), b_a.to(tl.float32), SQUARINGS, "tf32x3"))
-    else:
-        b_w = _inverse_product(b_w, b_a, SQUARINGS, "tf32")  # fp64 dots ignore the precision
-    e_G = tl.exp(b_G.to(tl.float32)).to(tl.float64) if TREE_FP32 else tl.exp(b_G)
+    b_w = b_w - tl.dot(b_w, b_a)
+    for _ in tl.static_range(SQUARINGS):
+        b_a = tl.dot(b_a, b_a)
+        b_w = b_w + tl.dot(b_w, b_a)
+    e_G = tl.exp(b_G)
     b_b = b_beta[:, None] * (_fp64_operand(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
     b_o = tl.where(kept[:, None], b_o, 0.0)
@@ -191,20 +180,10 @@ class TreeWyConfig:
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
     against 3 0.646. The loop waits on its fp64 MMAs, not on its loads (run 13's Nsight profile)."""
 
-    tree_fp32: bool = False
-    """The tree matrices in fp32: the decays e^(G_i - G_j) and e^G, and W = P (I + A)^-1, its [BT, BT]
-    products on tensor cores in three tf32 passes (``input_precision="tf32x3"``, about fp32's accuracy);
-    the key products and W B stay fp64. Emulated on the audit's trees and operands at the 27B heads (1,536
-    cells), the worst cell's error is 0.44 of its paired-rule bound (fp32 or tf32x3 products alike),
-    against 0.22 all in fp64 (``bench/analysis/wy_precision.py``). Off until a GPU run times it (it has
-    only run under the interpreter); at 4 warps it spills 16 bytes under Triton 3.6, at 8 none."""
-
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
-        if self.tree_fp32 not in (0, 1):
-            raise ValueError(f"tree_fp32 {self.tree_fp32}: 0 or 1")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
 
@@ -261,7 +240,7 @@ def tree_gdn_wy(
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, TREE_FP32=config.tree_fp32, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -6,8 +6,6 @@
 # (stall reasons, occupancy) with Nsight Compute into NAME.log and their per-instruction stall samples into
 # NAME_source.csv (ncu_wy: the wy config WY_NCU, two launches); step gdn_sweep times scan knob sets (GDN_CONFIGS overrides them); steps gdn_wy and arms_wy
 # serve the matrix-form verifier (plan_mode=wy; gdn_wy times the wy configs WY_CONFIGS, else bench gdn's list);
-# steps arms_zverify and arms_zproj are arms_wy with the tree forward's z projection on a side stream, forked
-# beside the verify (LUMOTREE_OVERLAP_Z=verify) or beside the input projection (proj), not in line;
 # steps gdn_best, arms_wy and audit_best serve the fastest wy config gdn_wy, else gdn, found within the paired
 # rule (plan_mode auto: wy for trees of up to wy_max_rows rows, as served by default); step profile_graphs profiles
 # CUDA-graph steps, whose device idle gaps show the host work a step cannot hide; step probe times a node of
@@ -28,7 +26,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 # Provenance names the commit recorded beside a copied tree (its git metadata may be older than its files).
 [ -f .commit ] && export LUMOTREE_COMMIT=$(head -c 12 .commit)
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_best gdn_sweep ncu_scan ncu_wy probe arms arms_wy arms_zverify arms_gather profile profile_graphs profile_tiny audit audit_best replay)
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(env tests tests_gather decode gdn gdn_wy gdn_best gdn_sweep ncu_scan ncu_wy probe arms arms_wy arms_gather profile profile_graphs profile_tiny audit audit_best replay)
 status=0
 run_step() {  # name cap command...
   local name=$1 cap=$2; shift 2
@@ -76,8 +74,7 @@ python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.
 cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
     tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py tests/serving/test_graphs.py tests/serving/test_walk_static.py \
-      tests/kernels/test_norm_cuda.py tests/kernels/test_tree_scan_cuda.py tests/serving/test_upload.py \
-      tests/serving/test_aside_cuda.py ;;
+      tests/kernels/test_norm_cuda.py tests/kernels/test_tree_scan_cuda.py tests/serving/test_upload.py ;;
     tests_gather) run_step tests_gather 200 env LUMOTREE_GDN_STATE=gather python3 -m pytest -q -p no:cacheprovider \
       --import-mode=importlib tests/serving/test_engine_cuda.py tests/serving/test_graphs.py ;;
     decode) run_step decode 240 "${lt[@]}" bench decode --shapes 27b --batch 1 --context 1024 --variants fused,gather --json --out "$out/decode_27b.json" ;;
@@ -97,8 +94,6 @@ cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
       --out "$out/arms_27b_wy.json" ;;
     audit_best) run_best audit_best 200 "${lt[@]}" audit all --device cuda --model tiny --shapes 27b --json \
       --out "$out/audit_best" ;;
-    arms_zverify|arms_zproj) run_best "$s" 300 env LUMOTREE_OVERLAP_Z="${s#arms_z}" \
-      "${lt[@]}" bench arms --shapes 27b --device cuda --draft-vocab 32768 --json --out "$out/${s/arms/arms_27b}.json" ;;
     arms_gather) run_step arms_gather 300 env LUMOTREE_GDN_STATE=gather "${lt[@]}" bench arms --shapes 27b --device cuda \
       --draft-vocab 32768 --json --out "$out/arms_27b_gather.json" ;;
     profile) run_step profile 300 "${lt[@]}" bench profile --shapes 27b --device cuda --draft-vocab 32768 \

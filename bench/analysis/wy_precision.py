@@ -7,8 +7,9 @@ the fp32 per-node recurrence as the native envelope. Prints one line per variant
 
 A second table emulates the kernel's own form (``kernels.tree_wy``: key products in fp64, W = P (I + A)^-1
 as the product (I - A)(I + A^2)... in fp64, fp32 or tf32x3, the decays' exponentials in fp64 or fp32) and
-prints each variant's worst cell error over its paired-rule bound: ``TreeWyConfig.tree_fp32`` is ``exp32``
-with ``W tf32x3``.
+prints each variant's worst cell error over its paired-rule bound. ``exp32`` with ``W tf32x3`` was a kernel
+knob for a while; on the H100 (BENCHMARKS.md, run 16) it was slower (0.680 ms against 0.647) and left 8 cells
+outside the rule on the bench's operands, so it was removed.
 
     python bench/analysis/wy_precision.py
 """

@@ -9,7 +9,6 @@ from torch import nn
 from ...kernels import dispatch
 from ..cache import StateCaches
 from ..config import ModelConfig
-from .aside import AsideLinear, overlap_mode
 from .context import ForwardContext
 from .layers import FusedLinears, GatedRMSNorm, linear, project
 from .record import ReplayStack, TreeRecord
@@ -38,8 +37,7 @@ class GatedDeltaNet(nn.Module):
         self.fused: FusedLinears | None = None
 
     def _projections(self) -> list[nn.Linear]:
-        # z last: its rows of the fused block are the trailing ones, which a tree forward can run aside
-        return [self.in_proj_qkv, self.in_proj_b, self.in_proj_a, self.in_proj_z]
+        return [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a]
 
     def fuse(self) -> None:
         """The four input projections as one GEMM (``layers.FusedLinears``)."""
@@ -52,11 +50,8 @@ class GatedDeltaNet(nn.Module):
         R, S = x.shape[0], batch.num_seqs
         li = self.pool_index
         rows = batch.state_rows
-        aside = self._aside_z(x, batch.mode)
-        if aside is None:
-            qkv, b, a, z = project(x, self._projections(), self.fused)
-        else:  # z, the block's trailing rows, runs aside
-            qkv, b, a = project(x, self._projections()[:-1], self.fused)
+        qkv, z, b, a = project(x, self._projections(), self.fused)
+        z = z.view(R, self.hv, self.dv)
 
         conv_pool = caches.conv.state[li]
         conv_w = self.conv1d.weight[:, 0, :]
@@ -78,8 +73,6 @@ class GatedDeltaNet(nn.Module):
             q, k, v, g, beta = dispatch.gdn_prep(
                 src, ctx.conv_win, conv_w, a, b, self.A_log, self.dt_bias, *heads, out=out
             )
-            if aside is not None:
-                aside.start()
 
         pool = caches.recurrent.state[li]
         if batch.mode == "decode":
@@ -97,21 +90,8 @@ class GatedDeltaNet(nn.Module):
             o = dispatch.gdn_tree_batch(
                 q, k, v, g, beta, batch.parents_host, pool, rows, self.scale, batch.padded_host
             )
-        if aside is not None:
-            z = aside.join()
-        y = self.norm(o, z.view(R, self.hv, self.dv), x.dtype)
+        y = self.norm(o, z, x.dtype)
         return linear(y.reshape(R, self.value_dim), self.out_proj)
-
-    def _aside_z(self, x: torch.Tensor, mode: str) -> AsideLinear | None:
-        """Tree forwards on CUDA: z's GEMM on a side stream (``aside``), forked beside the input projection
-        (``proj``: started here) or beside the verify (``verify``: started after the operand prep)."""
-        where = overlap_mode(x) if mode == "tree" else "0"
-        if where == "0" or self.fused is None or not self.fused.intact():
-            return None
-        aside = AsideLinear(x, self.fused.weight[-self.value_dim :])
-        if where == "proj":
-            aside.start()
-        return aside
 
     def _replay_stack(
         self, record: TreeRecord, caches: StateCaches, qkv: torch.Tensor, S: int

@@ -54,17 +54,12 @@ def fuse_projections(root: nn.Module) -> None:
 
 
 def project(x: torch.Tensor, layers: list[nn.Linear], fused: FusedLinears | None) -> list[torch.Tensor]:
-    """Each layer applied to x: one GEMM over the fused block's leading rows when there is an intact block
-    whose first layers these are (a caller may leave the trailing ones to run elsewhere)."""
+    """Each layer applied to x: one GEMM over the fused block when there is an intact one."""
     if fused is None or not fused.intact():
         return [linear(x, la) for la in layers]
-    n = len(layers)
-    assert all(a is b for a, b in zip(layers, fused.layers[:n], strict=True)), (
-        "not the block's leading layers"
-    )
-    w = fused.weight[: sum(fused.sizes[:n])]
+    w = fused.weight
     y = invariant_linear(x, w, None) if batch_invariant_enabled() else torch.nn.functional.linear(x, w)
-    return list(y.split(fused.sizes[:n], dim=-1))
+    return list(y.split(fused.sizes, dim=-1))
 
 
 class RMSNorm(nn.Module):
