@@ -25,15 +25,15 @@ from .tree_scan import _step
 
 
 @triton.jit
-def _loads(q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, H: tl.constexpr, HV: tl.constexpr,
-           K: tl.constexpr, V: tl.constexpr):  # fmt: skip
-    """fla's loads of operand row n: q, k, v, g, beta in fp32."""
+def _node(b_h, q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, scale, H: tl.constexpr,
+          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):  # fmt: skip
+    """fla's loads of operand row n and the tree scan's update: (state, output)."""
     b_q = tl.load(q + (n * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k = tl.load(k + (n * H + i_h) * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_v = tl.load(v + (n * HV + i_hv) * V + o_v, mask=mask_v, other=0).to(tl.float32)
     b_g = tl.load(g + n * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta + n * HV + i_hv).to(tl.float32)
-    return b_q, b_k, b_v, b_g, b_beta
+    return _step(b_h, b_k, b_q * scale, b_v, b_g, b_beta)
 
 
 @triton.jit
@@ -54,29 +54,18 @@ def _decode_rows_kernel(q, k, v, g, beta, o, pool, rows, steps, scale, T, H: tl.
     row = tl.load(rows + i_n).to(tl.int64)
     p_h = pool + (row * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
-    if STEPS:  # the commit's replay: each step's operand row from a table, < 0 = no step, no output
-        # Step t + 1's index and operands are loaded before step t's update, so the loads' latency hides
-        # behind it (the update itself, and so the state's bits, are those of the decode branch below).
-        p_steps = steps + i_n * T
-        n = tl.load(p_steps, mask=T > 0, other=-1).to(tl.int64)
-        b_q, b_k, b_v, b_g, b_beta = _loads(
-            q, k, v, g, beta, tl.maximum(n, 0), i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V
-        )
-        for t in range(0, T):
-            n_next = tl.load(p_steps + t + 1, mask=t + 1 < T, other=-1).to(tl.int64)
-            ops = _loads(q, k, v, g, beta, tl.maximum(n_next, 0), i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV,
-                         K, V)  # fmt: skip
+    for t in range(0, T):
+        if STEPS:  # the commit's replay: each step's operand row from a table, < 0 = no step, no output
+            n = tl.load(steps + i_n * T + t).to(tl.int64)
             if n >= 0:
-                b_h, _ = _step(b_h, b_k, b_q * scale, b_v, b_g, b_beta)
-            n = n_next
-            b_q, b_k, b_v, b_g, b_beta = ops
-    else:
-        for t in range(0, T):
+                b_h, _ = _node(
+                    b_h, q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, scale, H, HV, K, V
+                )
+        else:
             n = i_n * T + t
-            b_q, b_k, b_v, b_g, b_beta = _loads(
-                q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, H, HV, K, V
+            b_h, b_o = _node(
+                b_h, q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, scale, H, HV, K, V
             )
-            b_h, b_o = _step(b_h, b_k, b_q * scale, b_v, b_g, b_beta)
             tl.store(o + (n * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
     tl.store(p_h, b_h, mask=mask_h)
 
