@@ -191,12 +191,18 @@ def run_gdn_bench(
     def publish_rows() -> None:
         gdn_decode.decode_rows_(qa, ka, va, ga, ba, scale, flat_pool, layer_rows)
 
+    def publish_rows_tiles() -> None:
+        gdn_decode.decode_rows_(qa, ka, va, ga, ba, scale, tiled_pool, layer_rows, tile_major=True)
+
     layer_rows = torch.arange(L, device=device)
     publishers = {"served": publish_served, "per_layer": publish_per_layer}
-    # CUDA only: fla's kernel with its final state aliased to the pool, and the rows kernel
+    # CUDA only: fla's kernel with its final state aliased to the pool, and the rows kernel on the pool's
+    # layout and on a tile-major one (each program's tile contiguous: does the layout cost bandwidth?)
     if cuda:
+        tiled_pool = gdn_decode.to_tile_major(flat_pool).view(flat_pool.shape)
         publishers["inplace"] = publish_inplace
         publishers["rows"] = publish_rows
+        publishers["rows_tiles"] = publish_rows_tiles
 
     # ---- verify variants -------------------------------------------------------------------------
     dc = tree_scan.DEFAULT_CONFIG
