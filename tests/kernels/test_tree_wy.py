@@ -50,6 +50,9 @@ def test_audit_trees_within_the_paired_rule() -> None:
         q, k, v, g, beta = (ops[x][None] for x in ("q", "k", "v", "g", "beta"))
         h0 = torch.randn(1, hv, dk, dv, generator=gen) * 0.1
         o, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None)
+        # fp32 tiles converted in place: the same values reach the same fp64 products
+        o_direct, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None, config=wy.TreeWyConfig(direct=7))
+        assert torch.equal(o_direct, o)
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
         bad += _cells_outside_rule(o, o_nat, o64)
