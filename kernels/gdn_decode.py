@@ -23,9 +23,6 @@ import triton.language as tl
 from . import gdn_ref
 from .tree_scan import _step
 
-_BV = 8
-"""The value tile: fla's, so that a state's columns reduce in fla's order."""
-
 
 @triton.jit
 def _node(b_h, q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, scale, H: tl.constexpr,
@@ -42,7 +39,7 @@ def _node(b_h, q, k, v, g, beta, n, i_h, i_hv, o_k, o_v, mask_k, mask_v, scale, 
 @triton.jit
 def _decode_rows_kernel(q, k, v, g, beta, o, pool, rows, steps, scale, T, H: tl.constexpr, HV: tl.constexpr,
                         K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                        STEPS: tl.constexpr, TILE_MAJOR: tl.constexpr):  # fmt: skip
+                        STEPS: tl.constexpr):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)
     NV = tl.cdiv(V, BV)
     i_v, i_nh = pid % NV, pid // NV
@@ -55,10 +52,7 @@ def _decode_rows_kernel(q, k, v, g, beta, o, pool, rows, steps, scale, T, H: tl.
     mask_v = o_v < V
     mask_h = mask_k[:, None] & mask_v[None, :]
     row = tl.load(rows + i_n).to(tl.int64)
-    if TILE_MAJOR:  # a row's [HV, K, V] block stored as [HV, V / BV, K, BV]: each tile one contiguous run
-        p_h = pool + ((row * HV + i_hv) * NV + i_v) * K * BV + o_k[:, None] * BV + tl.arange(0, BV)[None, :]
-    else:
-        p_h = pool + (row * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    p_h = pool + (row * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     b_h = tl.load(p_h, mask=mask_h, other=0).to(tl.float32)
     for t in range(0, T):
         if STEPS:  # the commit's replay: each step's operand row from a table, < 0 = no step, no output
@@ -87,44 +81,36 @@ def _check(q: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 
 
 def decode_rows_(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                 scale: float, pool: torch.Tensor, rows: torch.Tensor, *,
-                 tile_major: bool = False) -> torch.Tensor:  # fmt: skip
+                 scale: float, pool: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """T native steps for B sequences, sequence b's state being ``pool[rows[b]]``, advanced in place.
 
     q, k [B, T, H, K] (l2-normalised); v [B, T, HV, V]; g, beta [B, T, HV]; pool [N, HV, K, V] fp32
     contiguous; rows [B] distinct. Returns o [B, T, HV, V] in v's dtype. Steps with g = 0 and beta = 0
     leave a state bitwise unchanged (the gather form of the commit pads short paths with them).
 
-    ``tile_major``: the pool's memory holds each row as [HV, V / 8, K, 8] (``to_tile_major``), so a
-    program's [K, 8] tile is one contiguous 4 KiB run instead of K 32-byte pieces; same arithmetic, same
-    bits. Only ``bench gdn`` uses it (publish variant ``rows_tiles``), to learn whether the engine's pool
-    should take that layout."""
+    The pool keeps fla's [K, V] layout, so each program's [K, 8] tile is K pieces of 32 bytes. A
+    tile-major pool (each tile one contiguous 4 KiB run) replayed hydra27's path 6% faster on the H100
+    (BENCHMARKS.md, run 18: 0.153 against 0.163 ms over 48 layers), 0.005 ms of a 0.78 ms step, not worth
+    a layout that fla's prefill and the verifiers' state reads do not share."""
     _check(q, v, g, beta, pool, rows, q.shape[0])
     B, T, H, K = q.shape
     HV, V = v.shape[2:]
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o = torch.empty_like(v)
-    _launch(q, k, v, g, beta, o, pool, rows, None, scale, B, T, tile_major)
+    _launch(q, k, v, g, beta, o, pool, rows, None, scale, B, T)
     return o
-
-
-def to_tile_major(pool: torch.Tensor) -> torch.Tensor:
-    """A pool [N, HV, K, V] as [N, HV, V / 8, K, 8] (a copy): the memory ``tile_major`` decoding reads."""
-    N, HV, K, V = pool.shape
-    return pool.view(N, HV, K, V // _BV, _BV).transpose(2, 3).contiguous()
 
 
 def _launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
             o: torch.Tensor | None, pool: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor | None,
-            scale: float, B: int, T: int, tile_major: bool = False) -> None:  # fmt: skip
+            scale: float, B: int, T: int) -> None:  # fmt: skip
     H, K = q.shape[-2:]
     HV, V = v.shape[-2:]
-    BV = min(_BV, triton.next_power_of_2(V))  # fla's tile: the same reduction order
-    assert not tile_major or (V % BV == 0 and K == triton.next_power_of_2(K)), "tile-major: whole tiles"
+    BV = min(8, triton.next_power_of_2(V))  # fla's tile: the same reduction order
     _decode_rows_kernel[(triton.cdiv(V, BV) * B * HV,)](
         q, k, v, g, beta, v if o is None else o, pool, rows, rows if steps is None else steps, float(scale),
-        T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STEPS=steps is not None,
-        TILE_MAJOR=tile_major, num_warps=1, num_stages=3,
+        T, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=BV, STEPS=steps is not None, num_warps=1,
+        num_stages=3,
     )  # fmt: skip
 
 

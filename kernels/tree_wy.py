@@ -55,10 +55,12 @@ def _fp64_operand(x):
 
 
 @triton.jit
-def _fp64_tile(x, DIRECT: tl.constexpr):
-    """``x`` in fp64 as a dot operand: converted in place when ``DIRECT`` (fp32 tiles only, whose trace
-    needs no workaround), else through ``_fp64_operand``'s shared-memory round trip."""
-    if DIRECT:
+def _fp64_tile(x):
+    """``x`` in fp64 as a dot operand. An fp32 tile needs no workaround and is converted in place: the
+    workaround's reduction costs each key chunk a round trip through shared memory (hydra27 on the H100,
+    BENCHMARKS.md run 18: 0.647 ms over 48 layers with it for every tile, 0.627 with fp32 tiles in place;
+    same bits)."""
+    if x.dtype == tl.float32:
         return x.to(tl.float64)
     else:
         return _fp64_operand(x)
@@ -67,7 +69,7 @@ def _fp64_tile(x, DIRECT: tl.constexpr):
 @triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
     four fp64 products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
@@ -83,16 +85,17 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
         o_k = k0 + tl.arange(0, KC)
         m_k = o_k < K
         m_tk = m_t[:, None] & m_k[None, :]
-        # all three loads before any conversion: 254 registers and no spill at BV 64 with 4 warps under
-        # Triton 3.6, against 32 bytes spilled with each load converted in turn
+        # all three loads before any conversion: with bf16 q and k, 254 registers and no spill at BV 64 with
+        # 4 warps under Triton 3.6, against 32 bytes spilled with each load converted in turn; the served
+        # fp32 tiles, converted in place, spill 72 bytes there and are still faster (run 18)
         b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
         b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
         b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
                       mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
         # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
-        b_k = _fp64_tile(b_k, DIRECT & 1)
-        b_q = _fp64_tile(b_q, DIRECT & 2)
+        b_k = _fp64_tile(b_k)
+        b_q = _fp64_tile(b_q)
         b_s = b_s.to(tl.float64)
         kk += tl.dot(b_k, tl.trans(b_k))
         qk += tl.dot(b_q, tl.trans(b_k))
@@ -108,7 +111,7 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
                     BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
-                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr, DIRECT: tl.constexpr):  # fmt: skip
+                    USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos = tl.load(cu + i_s)
@@ -127,9 +130,8 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
     kk, qk, ks, qs, ss_k, ss_q = _key_products(
-        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL,
-        DIRECT,
-    )  # fmt: skip
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+    )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
     # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -154,7 +156,7 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
         b_a = tl.dot(b_a, b_a)
         b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
-    b_b = b_beta[:, None] * (_fp64_tile(b_v, DIRECT & 4) - (e_G * r_k)[:, None] * ks)
+    b_b = b_beta[:, None] * (_fp64_tile(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
     b_o = tl.where(kept[:, None], b_o, 0.0)
     tl.store(
@@ -180,7 +182,8 @@ class TreeWyConfig:
     wastes half of each fp64 MMA)."""
     num_warps: int = 4
     """Warps per program. With 4 warps and 16-column key chunks a 64-wide tile spills no registers on sm_90
-    under Triton 3.6 or 3.9 (``bench/analysis/wy_registers.py``)."""
+    under Triton 3.6 or 3.9 with bf16 operands, 72 bytes with the served fp32 ones (``bench/analysis/
+    wy_registers.py``); 8 warps spill none and were slower in every run (run 18: 0.712 against 0.627 ms)."""
     block_k: int = 16
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
     columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers;
@@ -191,24 +194,12 @@ class TreeWyConfig:
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
     against 3 0.646. The loop waits on its fp64 MMAs, not on its loads (run 13's Nsight profile)."""
 
-    direct: int = 0
-    """Bit mask of the fp32 tiles converted to fp64 in place (1: k, 2: q, 4: v) instead of through a
-    shared-memory round trip (``_fp64_operand``, needed for bf16 tiles); bf16 inputs ignore it. Same bits
-    either way. Static look (Triton 3.6, sm_90, 64:4:16): k alone spills 4 bytes, q alone 24, both 72."""
-
     def __post_init__(self) -> None:
-        if not 0 <= self.direct <= 7:
-            raise ValueError(f"direct {self.direct}: a bit mask of 1 (k), 2 (q), 4 (v)")
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
-
-
-def _direct_mask(mask: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
-    """``mask`` less the bits of tiles that are not fp32."""
-    return sum(bit for bit, x in ((1, k), (2, q), (4, v)) if mask & bit and x.dtype == torch.float32)
 
 
 def tree_gdn_wy(
@@ -264,7 +255,6 @@ def tree_gdn_wy(
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
         SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        DIRECT=_direct_mask(config.direct, q, k, v),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

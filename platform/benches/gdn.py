@@ -191,18 +191,12 @@ def run_gdn_bench(
     def publish_rows() -> None:
         gdn_decode.decode_rows_(qa, ka, va, ga, ba, scale, flat_pool, layer_rows)
 
-    def publish_rows_tiles() -> None:
-        gdn_decode.decode_rows_(qa, ka, va, ga, ba, scale, tiled_pool, layer_rows, tile_major=True)
-
     layer_rows = torch.arange(L, device=device)
     publishers = {"served": publish_served, "per_layer": publish_per_layer}
-    # CUDA only: fla's kernel with its final state aliased to the pool, and the rows kernel on the pool's
-    # layout and on a tile-major one (each program's tile contiguous: does the layout cost bandwidth?)
+    # CUDA only: fla's kernel with its final state aliased to the pool, and the rows kernel
     if cuda:
-        tiled_pool = gdn_decode.to_tile_major(flat_pool).view(flat_pool.shape)
         publishers["inplace"] = publish_inplace
         publishers["rows"] = publish_rows
-        publishers["rows_tiles"] = publish_rows_tiles
 
     # ---- verify variants -------------------------------------------------------------------------
     dc = tree_scan.DEFAULT_CONFIG
@@ -470,8 +464,8 @@ def _table(res: dict[str, Any], console: Any) -> None:
 
 SCAN_KNOBS = ("block_v", "num_warps", "tiles", "maxnreg", "num_stages", "pack")
 """The numeric fields of ``TreeScanConfig`` a ``--configs`` item sets (the plan mode is swept apart)."""
-WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages", "wy_direct")
-"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages[:direct]]]``) sets."""
+WY_KNOBS = ("wy_block_v", "wy_num_warps", "wy_block_k", "wy_num_stages")
+"""The fields of ``TreeScanConfig`` a ``--wy-configs`` item (``BV:warps[:BK[:stages]]``) sets."""
 _HEAD = SCAN_KNOBS[:3]
 """The knobs a ``--configs`` item names by position (``BV:warps[:tiles]``)."""
 
@@ -508,8 +502,8 @@ def _parse_config(text: str) -> dict[str, float]:
 
 
 def _parse_wy_config(text: str) -> dict[str, int]:
-    """``BV:warps[:BK[:stages[:direct]]]`` -> the ``wy`` knobs (those left out at the served defaults),
-    e.g. ``32:4``, ``64:4:16:4`` or ``64:4:16:3:1`` (the k tile converted in place)."""
+    """``BV:warps[:BK[:stages]]`` -> the ``wy`` knobs (those left out at the served defaults),
+    e.g. ``32:4`` or ``64:4:16:4``."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.kernels.tree_wy import TreeWyConfig
 
@@ -518,7 +512,7 @@ def _parse_wy_config(text: str) -> dict[str, int]:
     except ValueError:
         values = []
     if not 2 <= len(values) <= len(WY_KNOBS):
-        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages[:direct]]] (two to five integers)")
+        raise ValueError(f"{text!r} is not BV:warps[:BK[:stages]] (two to four integers)")
     base = TreeScanConfig()
     values += [int(getattr(base, k)) for k in WY_KNOBS[len(values) :]]
     try:  # the kernel config's own checks
@@ -565,8 +559,7 @@ def register(bench_app: typer.Typer) -> None:
         wy_configs: str = typer.Option(
             "32:8:16,64:4:16,64:8:16,64:4:32,128:8:16",
             "--wy-configs",
-            help="Launch configs BV:warps[:BK[:stages[:direct]]] of the wy plan mode (BK: key-chunk width; "
-            "direct: bit mask of fp32 tiles converted in place, 1 k, 2 q, 4 v); "
+            help="Launch configs BV:warps[:BK[:stages]] of the wy plan mode (BK: key-chunk width); "
             "registers and spills per config on sm_90: bench/analysis/wy_registers.py.",
         ),
         plans: str = typer.Option(

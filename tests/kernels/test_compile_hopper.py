@@ -55,9 +55,8 @@ for bt, bv, kc in ((16, 32, 32), (32, 64, 16), (64, 16, 32), (32, 32, 128)):  # 
     warps = set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+, \d+)\]", ttgir))
     assert (bt, bv) != (32, 64) or warps == {"1, 4"}, (bt, bv, warps)
 rows = typed(**{"*fp32": "q k v g beta o pool", "*i64": "rows steps", "fp32": "scale", "i32": "T"})
-for replay, tiles in ((False, False), (True, False), (False, True)):
-    build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay,
-                                                     TILE_MAJOR=tiles))
+for replay in (False, True):
+    build(gdn_decode._decode_rows_kernel, rows, dict(H=16, HV=48, K=128, V=128, BK=128, BV=8, STEPS=replay))
 build(norm._gated_norm_kernel, typed(**{"*bf16": "OUT Z W Y", "i32": "SZR SZH HZ D", "fp32": "eps"}),
       dict(BLOCK=128))
 build(norm._silu_mul_kernel, typed(**{"*bf16": "G U Y", "i32": "SG SU N"}), dict(BLOCK=1024))

@@ -65,24 +65,6 @@ def test_rows_kernel_rounds_like_the_tree_scan_and_padding_is_identity() -> None
     assert torch.equal(padded, work)
 
 
-def test_tile_major_pool_gives_the_same_bits() -> None:
-    """A pool stored tile-major (each program's [K, 8] tile contiguous) decodes to the same outputs and,
-    in that layout, the same state bits as the row-major pool; row-major addressing over tile-major memory
-    does not."""
-    gd = _fresh("lumotree.kernels.gdn_decode")
-    q, k, v, g, beta = _operands(B=2, T=3, h=1, hv=2, kd=16, vd=24, seed=7)  # 3 value tiles
-    pool = torch.randn(4, 2, 16, 24, generator=torch.Generator().manual_seed(8))
-    rows = torch.tensor([2, 0])
-    tiled = gd.to_tile_major(pool).view(pool.shape)
-    assert not torch.equal(tiled, pool)
-    o = gd.decode_rows_(q, k, v, g, beta, 0.3, pool, rows)
-    o_tiled = gd.decode_rows_(q, k, v, g, beta, 0.3, tiled, rows, tile_major=True)
-    assert torch.equal(o_tiled, o)
-    assert torch.equal(tiled, gd.to_tile_major(pool).view(pool.shape))
-    o_wrong = gd.decode_rows_(q, k, v, g, beta, 0.3, gd.to_tile_major(pool).view(pool.shape), rows)
-    assert not torch.equal(o_wrong, o)
-
-
 def test_bad_operands_are_refused() -> None:
     gd = _fresh("lumotree.kernels.gdn_decode")
     q, k, v, g, beta = _operands(B=1, T=1, h=1, hv=2, kd=8, vd=8, seed=4)

@@ -50,9 +50,12 @@ def test_audit_trees_within_the_paired_rule() -> None:
         q, k, v, g, beta = (ops[x][None] for x in ("q", "k", "v", "g", "beta"))
         h0 = torch.randn(1, hv, dk, dv, generator=gen) * 0.1
         o, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None)
-        # fp32 tiles converted in place: the same values reach the same fp64 products
-        o_direct, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None, config=wy.TreeWyConfig(direct=7))
-        assert torch.equal(o_direct, o)
+        # fp32 tiles go to fp64 in place, bf16 ones through _fp64_operand: the same values, the same
+        # fp64 products, the same bits
+        qb, kb = q.bfloat16(), k.bfloat16()
+        o_fp32, _ = wy.tree_gdn_wy(qb.float(), kb.float(), v, g, beta, parents, h0, None)
+        o_bf16, _ = wy.tree_gdn_wy(qb, kb, v, g, beta, parents, h0, None)
+        assert torch.equal(o_bf16, o_fp32)
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
         bad += _cells_outside_rule(o, o_nat, o64)
