@@ -188,11 +188,12 @@ class TreeWyConfig:
     """Key-chunk width, a power of two of at least 16: the key dimension is reduced in chunks of this many
     columns, so fewer fp64 operands are live at once (wider chunks: fewer, larger dots, more registers;
     32 with 8 warps took 0.724 ms on the H100 in run 13, against 0.646 for the default)."""
-    num_stages: int = 3
+    num_stages: int = 4
     """Software pipelining depth of the key loop: its chunks' loads are issued this many iterations minus
     one ahead (Triton's pipeliner copies them to shared memory asynchronously when they are 32-bit). On the
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
-    against 3 0.646. The loop waits on its fp64 MMAs, not on its loads (run 13's Nsight profile)."""
+    against 3 0.646. Since fp32 tiles are converted in place (run 19): 4 0.613 and 0.615 ms (two bench
+    processes), 3 0.622 and 0.623, 2 0.768."""
 
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):

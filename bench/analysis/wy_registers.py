@@ -1,10 +1,10 @@
 """Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps) with the installed Triton (pipelining depth: env STAGES, default 3), counts
-``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' register and spill report. Prints
-one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why ``wy_block_k``
-exists.
+tile, KC key chunk, warps) with the installed Triton (pipelining depth: env STAGES, else the served one),
+counts ``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' register and spill report.
+Prints one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why
+``wy_block_k`` exists.
 
     python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
 
@@ -65,7 +65,9 @@ def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     ptx = triton.compile(
         src,
         target=GPUTarget("cuda", 90, 32),
-        options=dict(num_warps=warps, num_stages=int(os.environ.get("STAGES", "3"))),
+        options=dict(
+            num_warps=warps, num_stages=int(os.environ.get("STAGES", tree_wy.TreeWyConfig.num_stages))
+        ),
     ).asm["ptx"]
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
