@@ -528,10 +528,7 @@ def _config_text(values: dict[str, int] | dict[str, float]) -> str:
 
     base = TreeScanConfig()
     if set(values) == set(WY_KNOBS):
-        vals = [values[k] for k in WY_KNOBS]
-        while len(vals) > 4 and not vals[-1]:  # trailing off-flags left out, so older items read the same
-            vals.pop()
-        return ":".join(str(v) for v in vals)
+        return ":".join(str(values[k]) for k in WY_KNOBS)
     head = ":".join(str(values[k]) for k in _HEAD)
     rest = [f"{k}={v}" for k, v in values.items() if k not in _HEAD and v != getattr(base, k)]
     return "/".join([head, *rest])
