@@ -67,12 +67,10 @@ def _fp64_tile(x):
 
 
 @triton.jit
-def _chunk(q, k, rows, m_t, o_k, i_h, H: tl.constexpr, K: tl.constexpr):
-    """The key chunk ``o_k`` of the rows' k and q, as loaded."""
-    m_tk = m_t[:, None] & (o_k < K)[None, :]
-    b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-    b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
-    return b_k, b_q
+def _key_chunk(x, rows, m_t, o_k, i_h, H: tl.constexpr, K: tl.constexpr):
+    """Columns ``o_k`` of the rows' q or k (key head ``i_h``), as loaded."""
+    return tl.load(x + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
+                   other=0)  # fmt: skip
 
 
 @triton.jit
@@ -105,7 +103,8 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
         # all loads before any conversion: with bf16 q and k, 254 registers and no spill at BV 64 with 4 warps
         # under Triton 3.6, against 32 bytes spilled with each load converted in turn; the served fp32
         # tiles, converted in place, spill 72 bytes there and are still faster (run 18)
-        b_k, b_q = _chunk(q, k, rows, m_t, o_k, i_h, H, K)
+        b_k = _key_chunk(k, rows, m_t, o_k, i_h, H, K)
+        b_q = _key_chunk(q, rows, m_t, o_k, i_h, H, K)
         b_s = _state_chunk(h0, i_n, i_hv, o_k, o_v, m_v, HV, K, V)
         b_k = _fp64_tile(b_k)
         b_q = _fp64_tile(b_q)
@@ -148,8 +147,7 @@ def _state_products_folding(q, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, b_w, b_a
     qs = tl.zeros([BT, BV], dtype=tl.float64)
     for c in tl.static_range(BK // KC):
         o_k = c * KC + tl.arange(0, KC)
-        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                      mask=m_t[:, None] & (o_k < K)[None, :], other=0)  # fmt: skip
+        b_q = _key_chunk(q, rows, m_t, o_k, i_h, H, K)
         b_s = _state_chunk(h0, i_n, i_hv, o_k, o_v, m_v, HV, K, V).to(tl.float64)
         qs += tl.dot(_fp64_tile(b_q), b_s)
         if c <= SQUARINGS:
