@@ -67,26 +67,11 @@ def _fp64_tile(x):
 
 
 @triton.jit
-def _key_chunk(x, rows, m_t, o_k, i_h, H: tl.constexpr, K: tl.constexpr):
-    """Columns ``o_k`` of the rows' q or k (key head ``i_h``), as loaded."""
-    return tl.load(x + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & (o_k < K)[None, :],
-                   other=0)  # fmt: skip
-
-
-@triton.jit
-def _state_chunk(h0, i_n, i_hv, o_k, o_v, m_v, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """Rows ``o_k`` of the sequence's committed state S0 [K, V], value tile ``o_v`` (fp32)."""
-    return tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                   mask=(o_k < K)[:, None] & m_v[None, :], other=0)  # fmt: skip
-
-
-@triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, WITH_QS: tl.constexpr,
-                  USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0 [BT, BV], the rows' squared norms and (``WITH_QS``)
-    qs = Q S0 [BT, BV], in fp64, three or four fp64 products per key chunk."""
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+    """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
+    four fp64 products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -98,24 +83,24 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
     ss_q = tl.zeros([BT], dtype=tl.float64)
     for k0 in tl.range(0, BK, KC):
         o_k = k0 + tl.arange(0, KC)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        # all three loads before any conversion: with bf16 q and k, 254 registers and no spill at BV 64 with
+        # 4 warps under Triton 3.6, against 32 bytes spilled with each load converted in turn; the served
+        # fp32 tiles, converted in place, spill 72 bytes there and are still faster (run 18)
+        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_q = tl.load(q + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_tk, other=0)
+        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
+                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
         # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
-        # all loads before any conversion: with bf16 q and k, 254 registers and no spill at BV 64 with 4 warps
-        # under Triton 3.6, against 32 bytes spilled with each load converted in turn; the served fp32
-        # tiles, converted in place, spill 72 bytes there and are still faster (run 18)
-        b_k = _key_chunk(k, rows, m_t, o_k, i_h, H, K)
-        b_q = _key_chunk(q, rows, m_t, o_k, i_h, H, K)
-        b_s = _state_chunk(h0, i_n, i_hv, o_k, o_v, m_v, HV, K, V)
         b_k = _fp64_tile(b_k)
         b_q = _fp64_tile(b_q)
         b_s = b_s.to(tl.float64)
         kk += tl.dot(b_k, tl.trans(b_k))
         qk += tl.dot(b_q, tl.trans(b_k))
-        if WITH_QS:
-            ks += tl.dot(b_k, b_s)
-            qs += tl.dot(b_q, b_s)
-        else:
-            ks += tl.dot(b_k, b_s)
+        ks += tl.dot(b_k, b_s)
+        qs += tl.dot(b_q, b_s)
         if USE_QK_L2NORM_IN_KERNEL:
             ss_k += tl.sum(b_k * b_k, 1)
             ss_q += tl.sum(b_q * b_q, 1)
@@ -123,44 +108,9 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 
 
 @triton.jit
-def _fold_level(b_w, b_a, LEVEL: tl.constexpr, SQUARINGS: tl.constexpr):
-    """Level ``LEVEL`` of W = P (I - A)(I + A^2)(I + A^4)...: W (I -/+ A^(2^LEVEL)) and, unless it is the
-    last, the next power of A, two products independent of each other."""
-    d = tl.dot(b_w, b_a)
-    if LEVEL < SQUARINGS:
-        b_a = tl.dot(b_a, b_a)
-    if LEVEL == 0:
-        b_w = b_w - d
-    else:
-        b_w = b_w + d
-    return b_w, b_a
-
-
-@triton.jit
-def _state_products_folding(q, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, b_w, b_a, H: tl.constexpr,
-                            HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                            KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                            SQUARINGS: tl.constexpr):  # fmt: skip
-    """qs = Q S0 [BT, BV] over an unrolled key loop whose first iterations also fold W, one level each:
-    straight-line code in which the tree's dependent [BT, BT] products can fill the fp64 pipe between the
-    key chunks' independent ones, instead of running alone after them."""
-    qs = tl.zeros([BT, BV], dtype=tl.float64)
-    for c in tl.static_range(BK // KC):
-        o_k = c * KC + tl.arange(0, KC)
-        b_q = _key_chunk(q, rows, m_t, o_k, i_h, H, K)
-        b_s = _state_chunk(h0, i_n, i_hv, o_k, o_v, m_v, HV, K, V).to(tl.float64)
-        qs += tl.dot(_fp64_tile(b_q), b_s)
-        if c <= SQUARINGS:
-            b_w, b_a = _fold_level(b_w, b_a, c, SQUARINGS)
-    for lv in tl.static_range(BK // KC, SQUARINGS + 1):
-        b_w, b_a = _fold_level(b_w, b_a, lv, SQUARINGS)
-    return qs, b_w
-
-
-@triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, FOLD: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
                     USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -180,9 +130,8 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
     kk, qk, ks, qs, ss_k, ss_q = _key_products(
-        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, FOLD < 2,
-        USE_QK_L2NORM_IN_KERNEL,
-    )  # fmt: skip
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+    )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
     # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -200,19 +149,16 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     decay = tl.where(is_anc, tl.exp(tl.where(is_anc, b_G[:, None] - b_G[None, :], 0.0)), 0.0)
     b_a = tl.where(is_anc & (o_t[:, None] != o_t[None, :]),
                    (b_beta * r_k)[:, None] * decay * kk * r_k[None, :], 0.0)  # fmt: skip
-    # W = P (I + A)^-1 = P (I - A)(I + A^2)(I + A^4)...: [BT, BT] products, whatever the value tile's width
+    # W = P (I + A)^-1 = P (I - A)(I + A^2)(I + A^4)...: [BT, BT] products, whatever the value tile's width.
+    # Each power of A and then its factor, in turn: the same products paired by level (factor and next power
+    # side by side) took 0.649 ms over 48 layers against 0.614 on the H100, and those levels interleaved
+    # with Q S0 in a second, unrolled key loop, so the tree's dependent products would fill the fp64 pipe,
+    # 0.768 (200 bytes spilled; 8 warps 0.872): BENCHMARKS.md, run 21.
     b_w = r_q[:, None] * decay * qk * r_k[None, :]
-    if FOLD == 0:
-        b_w = b_w - tl.dot(b_w, b_a)
-        for _ in tl.static_range(SQUARINGS):
-            b_a = tl.dot(b_a, b_a)
-            b_w = b_w + tl.dot(b_w, b_a)
-    elif FOLD == 1:
-        for lv in tl.static_range(SQUARINGS + 1):
-            b_w, b_a = _fold_level(b_w, b_a, lv, SQUARINGS)
-    else:
-        qs, b_w = _state_products_folding(q, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, b_w, b_a, H, HV, K, V,
-                                          BK, KC, BT, BV, SQUARINGS)  # fmt: skip
+    b_w = b_w - tl.dot(b_w, b_a)
+    for _ in tl.static_range(SQUARINGS):
+        b_a = tl.dot(b_a, b_a)
+        b_w = b_w + tl.dot(b_w, b_a)
     e_G = tl.exp(b_G)
     b_b = b_beta[:, None] * (_fp64_tile(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
@@ -253,16 +199,7 @@ class TreeWyConfig:
     against 3 0.646. Since fp32 tiles are converted in place (run 19): 4 0.613 and 0.615 ms (two bench
     processes), 3 0.622 and 0.623, 2 0.768."""
 
-    fold: int = 0
-    """How W = P (I + A)^-1 is formed (the same products in the same order, so the same bits): 0, after the
-    key loop, each power of A and then its factor in turn; 1, after the key loop, by levels, each level's
-    factor and next power as two independent products; 2, by levels interleaved with the state product
-    Q S0 in a second, unrolled key loop (the first then forms K K^T, Q K^T and K S0), so that the tree's
-    dependent products overlap independent ones."""
-
     def __post_init__(self) -> None:
-        if self.fold not in (0, 1, 2):
-            raise ValueError(f"fold {self.fold}: 0, 1 or 2")
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
@@ -322,7 +259,7 @@ def tree_gdn_wy(
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, FOLD=config.fold, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -1,8 +1,7 @@
 """Analysis (CPU, no GPU needed): registers, spills and fp64 MMA count of the matrix-form verifier on sm_90.
 
 Compiles ``kernels.tree_wy._tree_wy_kernel`` at the 27B GDN heads for each launch config (BT rows, BV value
-tile, KC key chunk, warps) with the installed Triton (pipelining depth: env STAGES, the tree matrix's fold:
-env FOLD, else the served ones),
+tile, KC key chunk, warps) with the installed Triton (pipelining depth: env STAGES, else the served one),
 counts ``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' register and spill report.
 Prints one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why
 ``wy_block_k`` exists.
@@ -58,8 +57,7 @@ def ptxas() -> str:
 
 def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
-    fold = int(os.environ.get("FOLD", tree_wy.TreeWyConfig.fold))
-    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3, FOLD=fold,
+    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
                   USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},

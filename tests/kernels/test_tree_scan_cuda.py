@@ -45,7 +45,7 @@ def test_plans_agree_bitwise_and_split_survives_graph_capture() -> None:
 def test_wy_within_the_paired_rule_at_27b_heads_and_under_graph_capture() -> None:
     """The matrix-form verifier compiled (fp64 dots) on hydra27 with 27B head dims and bf16 operands: every
     (head) cell within the paired rule against float64, with the fp32 per-node recurrence as the native
-    envelope; a captured replay gives the same bits, so does every way of forming the tree matrix."""
+    envelope; a captured replay gives the same bits."""
     from lumotree.kernels.tree_scan_ref import tree_gdn_float64, tree_gdn_ref
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -72,8 +72,3 @@ def test_wy_within_the_paired_rule_at_27b_heads_and_under_graph_capture() -> Non
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, o)
-    # every way of forming the tree matrix runs the same products in the same order: the same bits
-    for fold in (1, 2):
-        cfg_f = tree_scan.TreeScanConfig(plan_mode="wy", wy_fold=fold)
-        again, _ = tree_scan.tree_gdn(q, k, v.float(), g, beta, HYDRA, h0, None, config=cfg_f, **kw)
-        assert torch.equal(again, o), fold

@@ -56,10 +56,6 @@ def test_audit_trees_within_the_paired_rule() -> None:
         o_fp32, _ = wy.tree_gdn_wy(qb.float(), kb.float(), v, g, beta, parents, h0, None)
         o_bf16, _ = wy.tree_gdn_wy(qb, kb, v, g, beta, parents, h0, None)
         assert torch.equal(o_bf16, o_fp32)
-        # every way of forming W runs the same products in the same order: the same bits
-        for fold in (1, 2):
-            o_fold, _ = wy.tree_gdn_wy(q, k, v, g, beta, parents, h0, None, config=wy.TreeWyConfig(fold=fold))
-            assert torch.equal(o_fold, o), fold
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
         bad += _cells_outside_rule(o, o_nat, o64)
