@@ -59,16 +59,25 @@ class EngineCounters:
 
 
 class SpanTimer:
-    """Times step phases on the device timeline (CUDA events, read after the step's sync), else wall clock."""
+    """Times step phases on the device timeline (CUDA events, read after the step's sync), else wall clock.
+
+    Events are reused once read: a fresh one is created by the driver at its first record, a call that a
+    speculative step would otherwise make on its critical path (between the drafts' host read and the
+    verify launch, where the device idles)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._pending: list[tuple[str, Any, Any]] = []
+        self._free: list[Any] = []
+        """Read events, ready to record again."""
+
+    def _event(self) -> Any:
+        return self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
 
     @contextmanager
     def span(self, name: str, counters: EngineCounters) -> Iterator[None]:
         if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = self._event(), self._event()
             start.record()
             yield
             end.record()
@@ -84,6 +93,7 @@ class SpanTimer:
         for name, start, end in self._pending:
             if end.query():
                 counters.span_seconds[name] += start.elapsed_time(end) / 1000.0
+                self._free += [start, end]
             else:
                 keep.append((name, start, end))
         self._pending = keep

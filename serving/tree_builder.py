@@ -100,26 +100,17 @@ def build_fixed(
     for anchor, want in below:
         if suffix is None or not want:
             continue
-        path: list[int] = []
-        a = anchor
-        while a > 0:
-            t_a = toks[a]
-            assert t_a is not None, "MTP anchors always carry a token"
-            path.append(t_a)
-            a = topology.parents[a]
-        got = suffix.propose(extra=[int(root), *reversed(path)], max_len=len(want))
+        # the anchor's root path: the spine above it, then its own rank at its depth
+        d, j = len(topology.routes[anchor]) - 1, topology.routes[anchor][-1]
+        extra = [int(root), *(int(mtp[i][0]) for i in range(d)), int(mtp[d][j])]
+        got = suffix.propose(extra=extra, max_len=len(want))
         for r, t in zip(want, got.tokens if got else (), strict=False):
             toks[r] = t
-    active = tuple(
-        topology.default_active[r]
-        and toks[r] is not None
-        and (r == 0 or toks[topology.parents[r]] is not None)
-        for r in range(n)
-    )
-    # an unfilled row also deactivates everything under it
-    act = list(active)
+    # active: on by default, filled, and under an active parent (an unfilled row deactivates its subtree)
+    act = [True] * n
+    parents, default = topology.parents, topology.default_active
     for r in range(1, n):
-        act[r] = act[r] and act[topology.parents[r]]
+        act[r] = default[r] and toks[r] is not None and act[parents[r]]
     values = [PAD_TOKEN if t is None else t for t in toks]
     if out is not None and staging is not None:
         ids = staging.upload(values, out)

@@ -9,6 +9,7 @@ its copy is done) lets the copy queue behind that work instead.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -27,12 +28,18 @@ class Staging:
     """A pinned host buffer reused for one small upload per engine step straight into a device tensor.
 
     Each reuse happens a whole step after the previous upload, whose copy the step's own host read has
-    completed by then, so the buffer needs no allocation and no event bookkeeping: one copy call, which on a
-    host where every CUDA call costs tens of microseconds is what stands between a step's drafts reaching the
-    host and its verify graph starting."""
+    completed by then, so the buffer needs no allocation and no event bookkeeping. The values are written
+    through the buffer's numpy view and the view of each length is kept, so an upload is one list
+    assignment and one copy call: on a host where every torch call costs microseconds and every CUDA call
+    tens of them, that is what stands between a step's drafts reaching the host and its verify graph
+    starting."""
 
     def __init__(self) -> None:
         self._host: torch.Tensor | None = None
+        self._array: Any = None
+        """numpy view of ``_host`` (the same memory)."""
+        self._views: dict[int, torch.Tensor] = {}
+        """``_host[:n]`` per length n uploaded."""
 
     def upload(self, values: Sequence[int], out: torch.Tensor) -> torch.Tensor:
         """``values`` into ``out`` (1-D, ``len(values)`` elements); returns ``out``."""
@@ -42,9 +49,12 @@ class Staging:
             return out.copy_(torch.tensor(values, dtype=out.dtype))
         if self._host is None or self._host.numel() < n or self._host.dtype != out.dtype:
             self._host = torch.empty(max(n, 64), dtype=out.dtype, pin_memory=True)
-        host = self._host[:n]
-        host.copy_(torch.tensor(values, dtype=out.dtype))
-        return out.copy_(host, non_blocking=True)
+            self._array, self._views = self._host.numpy(), {}
+        self._array[:n] = values
+        view = self._views.get(n)
+        if view is None:
+            view = self._views[n] = self._host[:n]
+        return out.copy_(view, non_blocking=True)
 
 
 class Readback:

@@ -113,6 +113,12 @@ class SuffixIndex:
                     if SEPARATOR not in gram:
                         table.setdefault(hash(gram), []).append(e)
 
+    def has_gram(self, query: Sequence[int]) -> bool:
+        """Whether the last ``min_match`` tokens of ``query`` occur at all: without them no suffix of the
+        query matches (every longer one ends with them), so a lookup can stop here."""
+        n = self.config.min_match
+        return len(query) >= n and hash(tuple(query[-n:])) in self._grams[n]
+
     def _match_len(self, e: int, query: list[int]) -> int:
         t, limit = self.tokens, min(self.config.max_match, len(query), e + 1)
         # whole-window agreement (the common case on repetitive text) in one list comparison
@@ -291,23 +297,31 @@ class SuffixDrafter:
     def _query(self, extra: Sequence[int]) -> list[int]:
         return (self.index.tokens[-self.config.max_match :] + list(extra))[-self.config.max_match :]
 
+    def _corpora(self) -> list[tuple[SuffixIndex, str]]:
+        """The indexes a lookup reads: the request's, then the cache's when it holds anything."""
+        out = [(self.index, "request")]
+        if self.cache is not None and len(self.cache):
+            out.append((self.cache.index, "cache"))
+        return out
+
     def successors(self, extra: Sequence[int] = (), k: int = 3) -> list[int]:
         """The ``k`` tokens that most often followed the shortest match (``min_match`` tokens) of the
         request's text plus ``extra``, in the request and the cache together, most frequent first: the
         candidates to look ahead for, e.g. the root's runner-ups before the drafter has named them."""
         query = self._query(extra)
         votes: Counter[int] = Counter()
-        for idx in [self.index] + ([self.cache.index] if self.cache is not None and len(self.cache) else []):
+        for idx, _ in self._corpora():
             votes.update(idx.next_tokens(query))
         return [tok for tok, _ in votes.most_common(k)]
 
     def _propose(self, extra: tuple[int, ...], max_len: int) -> SuffixChain | None:
         query = self._query(extra)
-        best = self.index.propose(query, max_len, "request")
-        if self.cache is not None and len(self.cache):
-            other = self.cache.index.propose(query, max_len, "cache")
-            if other is not None and (best is None or other.score > best.score):
-                best = other
+        corpora = [(idx, src) for idx, src in self._corpora() if idx.has_gram(query)]
+        best = None  # no corpus with the query's last tokens (a runner-up never seen after the root): no scan
+        for idx, src in corpora:
+            got = idx.propose(query, max_len, src)
+            if got is not None and (best is None or got.score > best.score):
+                best = got
         return best
 
     def finish(self) -> None:

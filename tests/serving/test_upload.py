@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lumotree.serving.upload import Readback, to_device
+from lumotree.serving.upload import Readback, Staging, to_device
 
 
 def test_values_and_dtype_on_cpu() -> None:
@@ -42,3 +42,26 @@ def test_readback_waits_for_its_copy_only() -> None:
         y = x @ x  # queued after the copy
         assert rb.tolist() == (src.cpu()).tolist()
         assert y.isfinite().all()
+
+
+def test_staging_on_cpu() -> None:
+    out = torch.zeros(4, dtype=torch.long)
+    assert Staging().upload([5, -2, 7, 9], out) is out and out.tolist() == [5, -2, 7, 9]
+    with pytest.raises(AssertionError):
+        Staging().upload([1, 2], out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_staging_reuses_its_buffer_without_a_sync() -> None:
+    st = Staging()
+    for n, base in ((32, 0), (5, 100), (32, 7), (80, 3)):  # lengths change; 80 outgrows the first buffer
+        out = torch.zeros(n, dtype=torch.long, device="cuda")
+        vals = [base + 3 * i for i in range(n)]
+        x = torch.randn(4096, 4096, device="cuda")
+        y = x @ x  # keep the stream busy while the host uploads
+        torch.cuda.set_sync_debug_mode("error")  # a synchronizing copy raises here
+        try:
+            st.upload(vals, out)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert out.tolist() == vals and y.isfinite().all()  # tolist waits for the copy
