@@ -6,8 +6,9 @@ q.k products, the triangular solve) on the GDN audit's own operands and trees, 2
 the fp32 per-node recurrence as the native envelope. Prints one line per variant.
 
 A second table emulates the kernel's own form (``kernels.tree_wy``: key products in fp64, W = P (I + A)^-1
-as the product (I - A)(I + A^2)... in fp64, fp32 or tf32x3, the decays' exponentials in fp64 or fp32) and
-prints each variant's worst cell error over its paired-rule bound. ``exp32`` with ``W tf32x3`` was a kernel
+as the product (I - A)(I + A^2)... in fp64, fp32 or tf32x3, the decays' exponentials in fp64 or fp32, the
+state products in fp64 or as fp32 fma chains over key chunks, ``s0_fma``) and prints each variant's worst
+cell error over its paired-rule bound. ``exp32`` with ``W tf32x3`` was a kernel
 knob for a while; on the H100 (BENCHMARKS.md, run 16) it was slower (0.680 ms against 0.647) and left 8 cells
 outside the rule on the bench's operands, so it was removed.
 
@@ -91,9 +92,23 @@ def tf32x3(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (xh @ yl + xl @ yh) + xh @ yh
 
 
+def fma_chunks(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] as the kernel's ``s0_fma`` forms it: per key chunk a chain of fp32 fma
+    (each step the exact product added in fp64, rounded once to fp32), the chunk sums added in fp64."""
+    a, b = a.float(), b.float()
+    total = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=F64)
+    for c0 in range(0, a.shape[-1], chunk):
+        acc = torch.zeros_like(total, dtype=F32)
+        for j in range(c0, min(a.shape[-1], c0 + chunk)):
+            acc = (acc.double() + a[..., :, j : j + 1].double() * b[..., j : j + 1, :].double()).float()
+        total = total + acc.double()
+    return total
+
+
 def kernel_form(ops: dict[str, torch.Tensor], parents: list[int], h0: torch.Tensor, scale: float, w_dt: str,
-                exp_dt: torch.dtype) -> torch.Tensor:  # fmt: skip
-    """The kernel's arithmetic: fp64 key products, W by squarings in ``w_dt``, exponentials in ``exp_dt``."""
+                exp_dt: torch.dtype, s0_chunk: int = 0) -> torch.Tensor:  # fmt: skip
+    """The kernel's arithmetic: fp64 key products, W by squarings in ``w_dt``, exponentials in ``exp_dt``;
+    with ``s0_chunk`` the state products K S0 and Q S0 as ``fma_chunks`` of that many keys."""
     anc = ancestors(parents)
     n = len(parents)
     depth = [0] * n
@@ -117,17 +132,21 @@ def kernel_form(ops: dict[str, torch.Tensor], parents: list[int], h0: torch.Tens
         a = mm(a, a)
         w = w + mm(w, a)
     e_g = torch.exp(big_g.to(exp_dt)).double()
-    b = bt[:, :, None] * (vf - e_g[:, :, None] * (kf @ h0.double()))
-    o = (e_g * scale)[:, :, None] * (qf @ h0.double()) + w.double() @ b
+    state = (lambda x: fma_chunks(x, h0, s0_chunk)) if s0_chunk else (lambda x: x @ h0.double())
+    b = bt[:, :, None] * (vf - e_g[:, :, None] * state(kf))
+    o = (e_g * scale)[:, :, None] * state(qf) + w.double() @ b
     return o.transpose(0, 1).float()
 
 
-KERNEL_VARIANTS = {  # (W products, exponentials)
-    "fp64": ("fp64", F64),
-    "W fp32": ("fp32", F64),
-    "exp32": ("fp64", F32),
-    "exp32 W fp32": ("fp32", F32),
-    "exp32 W tf32x3": ("tf32x3", F32),
+KERNEL_VARIANTS = {  # (W products, exponentials, key chunk of fp32 state products: 0 = fp64)
+    "fp64": ("fp64", F64, 0),
+    "W fp32": ("fp32", F64, 0),
+    "exp32": ("fp64", F32, 0),
+    "exp32 W fp32": ("fp32", F32, 0),
+    "exp32 W tf32x3": ("tf32x3", F32, 0),
+    "S0 fma 16": ("fp64", F64, 16),
+    "S0 fma 32": ("fp64", F64, 32),
+    "S0 fma 128": ("fp64", F64, 128),
 }
 
 
@@ -153,8 +172,9 @@ def main() -> None:
             e = (wy(ops, parents, h0, scale, dts).double() - o64).abs().amax(dim=(0, 2))
             bad[name] += int((e > bound).sum())
             worst[name] = max(worst[name], float((e / e_nat).max()))
-        for name, (w_dt, exp_dt) in KERNEL_VARIANTS.items():
-            e = (kernel_form(ops, parents, h0, scale, w_dt, exp_dt).double() - o64).abs().amax(dim=(0, 2))
+        for name, (w_dt, exp_dt, chunk) in KERNEL_VARIANTS.items():
+            o = kernel_form(ops, parents, h0, scale, w_dt, exp_dt, chunk)
+            e = (o.double() - o64).abs().amax(dim=(0, 2))
             kernel_bad[name] += int((e > bound).sum())
             margin[name] = max(margin[name], float((e / bound).max()))
     print("cells", cells)
