@@ -100,12 +100,14 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
             qs += tl.dot(b_q.to(tl.float32), b_s, input_precision="ieee").to(tl.float64)
         k64 = _fp64_tile(b_k)
         q64 = _fp64_tile(b_q)
+        # converted beside the others as in the form timed in runs 18-21 (Triton 3.6: 254 registers, 72 bytes
+        # spilled); converted after K K^T and Q K^T it compiles to 255 and 32, not yet timed
+        s64 = b_s.to(tl.float64)
         kk += tl.dot(k64, tl.trans(k64))
         qk += tl.dot(q64, tl.trans(k64))
         if not S0_FMA:
-            b_s = b_s.to(tl.float64)
-            ks += tl.dot(k64, b_s)
-            qs += tl.dot(q64, b_s)
+            ks += tl.dot(k64, s64)
+            qs += tl.dot(q64, s64)
         if USE_QK_L2NORM_IN_KERNEL:
             ss_k += tl.sum(k64 * k64, 1)
             ss_q += tl.sum(q64 * q64, 1)
