@@ -38,8 +38,9 @@ run_step() {  # name cap command...
   tail -n 25 "$out/$name.log"
   [ $rc -eq 0 ] || status=1
 }
-wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy (else gdn) within the paired rule
-  python3 - "$out/gdn_27b_wy.json" "$out/gdn_27b.json" <<'EOF'
+wy_scan() {  # LUMOTREE_TREE_SCAN serving the fastest wy config of step gdn_wy (else gdn) within the paired rule;
+  # WY_FROM names a gdn_wy JSON of an earlier call to read first (a sweep split over two calls)
+  python3 - ${WY_FROM:+"$WY_FROM"} "$out/gdn_27b_wy.json" "$out/gdn_27b.json" <<'EOF'
 import json, sys
 best = {}  # neither step ran or found one: the default wy config
 for path in sys.argv[1:]:
