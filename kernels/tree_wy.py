@@ -254,7 +254,9 @@ class TreeWyConfig:
     CUDA cores' FMA pipe, beside the fp64 tensor-core products rather than in their queue; each key chunk's
     sums (a chain of ``block_k`` fp32 fma per output) are added in fp64. Emulated on the GDN audit's
     operands (``bench/analysis/wy_precision.py``): 0 of 1,536 cells outside the paired rule, worst error
-    0.30 of its bound at 16-key chunks (0.41 at 32, 0.94 as one 128-key chain), against 0.21 in fp64.
+    0.30 of its bound at 16-key chunks (0.41 at 32, 0.94 as one 128-key chain), against 0.21 in fp64; on
+    the GDN bench's operands with its per-node cells (``--bench-operands 48``, 64,512 cells): 0 outside,
+    0.65 at 16 keys (1 outside at 32, 1,915 as one chain), against 0.26. Only 16-key chunks keep a margin.
     2: the same with q and k stacked into one tile (``_key_products_stacked``), so that the remaining fp64
     key product keeps a warp layout that wastes no MMA rows. 0 (all fp64) until a GPU run shows another
     faster."""

@@ -12,12 +12,16 @@ cell error over its paired-rule bound. ``exp32`` with ``W tf32x3`` was a kernel
 knob for a while; on the H100 (BENCHMARKS.md, run 16) it was slower (0.680 ms against 0.647) and left 8 cells
 outside the rule on the bench's operands, so it was removed.
 
-    python bench/analysis/wy_precision.py
+    python bench/analysis/wy_precision.py [--bench-operands LAYERS]
+
+``--bench-operands`` prints a third table instead: the kernel forms on the GPU bench's own operands, with
+its per-node cells (``bench_operands``).
 """
 
 from __future__ import annotations
 
 import random
+import sys
 
 import torch
 
@@ -185,5 +189,49 @@ def main() -> None:
         print(f"{name:16s} outside {kernel_bad[name]:4d} worst E_tree/bound {margin[name]:.3f}")
 
 
+def bench_operands(layers: int) -> None:
+    """The kernel forms on ``lumotree bench gdn``'s own operands (hydra27, 27B heads, its random q, k, v,
+    decays and states) with its per-node cells: one (layer, active node, value head) each, the stricter
+    count (a node's native error can be far below its head's largest). The GPU bench's native envelope is
+    fla's decode kernel; this one is the fp32 per-node recurrence."""
+    from lumotree.serving.tree import hydra27
+
+    topo = hydra27()
+    parents, scale = list(topo.parents), K**-0.5
+    act = [r for r in range(len(parents)) if topo.default_active[r]]
+    gen = torch.Generator().manual_seed(0)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    def l2(x: torch.Tensor) -> torch.Tensor:
+        return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    bad = dict.fromkeys(KERNEL_VARIANTS, 0)
+    margin = dict.fromkeys(KERNEL_VARIANTS, 0.0)
+    n = len(parents)
+    for _ in range(layers):  # the bench's operand recipe, one layer at a time
+        q, k = l2(rnd(1, n, H, K)), l2(rnd(1, n, H, K))
+        v = rnd(1, n, HV, V)
+        g = torch.nn.functional.logsigmoid(rnd(1, n, HV) + 3.0)
+        beta = torch.sigmoid(rnd(1, n, HV))
+        h0 = rnd(1, HV, K, V) * 0.1
+        o_nat = tree_gdn_ref(q, k, v, g, beta, parents, h0, scale)[0][0]
+        o64 = tree_gdn_float64(q, k, v, g, beta, parents, h0, scale)[0][0]
+        bound = 1.10 * (o_nat.double() - o64).abs().amax(-1)[act] + 2**-24 * o64.abs().amax(-1)[act] + 2**-149
+        ops = {"q": q[0], "k": k[0], "v": v[0], "g": g[0], "beta": beta[0]}
+        for name, (w_dt, exp_dt, chunk) in KERNEL_VARIANTS.items():
+            o = kernel_form(ops, parents, h0[0], scale, w_dt, exp_dt, chunk)
+            e = (o.double() - o64).abs().amax(-1)[act]
+            bad[name] += int((e > bound).sum())
+            margin[name] = max(margin[name], float((e / bound).max()))
+    print(f"kernel form on the bench's operands, {layers} layers x {len(act)} nodes x {HV} heads (cells)")
+    for name in KERNEL_VARIANTS:
+        print(f"{name:16s} outside {bad[name]:4d} worst E_tree/bound {margin[name]:.3f}")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 2 and sys.argv[1] == "--bench-operands":
+        bench_operands(int(sys.argv[2]))
+    else:
+        main()
