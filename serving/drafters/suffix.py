@@ -316,9 +316,10 @@ class SuffixDrafter:
 
     def _propose(self, extra: tuple[int, ...], max_len: int) -> SuffixChain | None:
         query = self._query(extra)
-        corpora = [(idx, src) for idx, src in self._corpora() if idx.has_gram(query)]
-        best = None  # no corpus with the query's last tokens (a runner-up never seen after the root): no scan
-        for idx, src in corpora:
+        best = None
+        for idx, src in self._corpora():
+            if not idx.has_gram(query):  # e.g. a runner-up never seen after the root: no scan
+                continue
             got = idx.propose(query, max_len, src)
             if got is not None and (best is None or got.score > best.score):
                 best = got
