@@ -73,7 +73,7 @@ for s in "${steps[@]}"; do
     env) run_step env 60 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; \
 python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)'; \
 cat '$repo/.commit' 2>/dev/null || git -C '$repo' rev-parse HEAD" ;;
-    tests) run_step tests 200 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
+    tests) run_step tests 260 python3 -m pytest -q -p no:cacheprovider --import-mode=importlib \
       tests/serving/test_engine_cuda.py tests/serving/test_graphs.py tests/serving/test_walk_static.py \
       tests/kernels/test_norm_cuda.py tests/kernels/test_tree_scan_cuda.py tests/serving/test_upload.py tests/serving/test_span_timer.py ;;
     tests_gather) run_step tests_gather 200 env LUMOTREE_GDN_STATE=gather python3 -m pytest -q -p no:cacheprovider \
