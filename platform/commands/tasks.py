@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-SUITE_HELP = "Task suite (astropy-synth, swebench-astropy, ...)."
-LIMIT_HELP = "Only the suite's first N instances."
-DATASET_HELP = "Instance file (JSONL, JSON or parquet) for suites that read one."
+# The options every tasks command takes.
+SuiteOpt = Annotated[str, typer.Option(help="Task suite (astropy-synth, swebench-astropy, ...).")]
+LimitOpt = Annotated[int | None, typer.Option(min=1, help="Only the suite's first N instances.")]
+DatasetOpt = Annotated[
+    str | None, typer.Option(help="Instance file (JSONL, JSON or parquet) for suites that read one.")
+]
+SeedOpt = Annotated[int | None, typer.Option(help="Generation seed (synthesized suites).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 
 
 def _suite(name: str, dataset: str | None, seed: int | None, quiet: bool) -> Any:
@@ -45,11 +50,11 @@ def register(app: typer.Typer) -> None:
 
     @tasks_app.command("list")
     def list_(
-        suite: str = typer.Option("astropy-synth", help=SUITE_HELP),
-        limit: int | None = typer.Option(None, min=1, help=LIMIT_HELP),
-        dataset: str | None = typer.Option(None, help=DATASET_HELP),
-        seed: int | None = typer.Option(None, help="Generation seed (synthesized suites)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        suite: SuiteOpt = "astropy-synth",
+        limit: LimitOpt = None,
+        dataset: DatasetOpt = None,
+        seed: SeedOpt = None,
+        as_json: JsonOpt = False,
     ) -> None:
         """List a suite's instances (generating them first if a synthesized suite has none cached)."""
         s = _suite(suite, dataset, seed, as_json)
@@ -84,11 +89,11 @@ def register(app: typer.Typer) -> None:
 
     @tasks_app.command()
     def build(
-        suite: str = typer.Option("astropy-synth", help=SUITE_HELP),
-        limit: int | None = typer.Option(None, min=1, help=LIMIT_HELP),
-        dataset: str | None = typer.Option(None, help=DATASET_HELP),
-        seed: int | None = typer.Option(None, help="Generation seed (synthesized suites)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        suite: SuiteOpt = "astropy-synth",
+        limit: LimitOpt = None,
+        dataset: DatasetOpt = None,
+        seed: SeedOpt = None,
+        as_json: JsonOpt = False,
     ) -> None:
         """Build (or find, by content hash) the images of a suite's instances."""
         s = _suite(suite, dataset, seed, as_json)
@@ -121,11 +126,11 @@ def register(app: typer.Typer) -> None:
 
     @tasks_app.command()
     def validate(
-        suite: str = typer.Option("astropy-synth", help=SUITE_HELP),
-        limit: int | None = typer.Option(None, min=1, help=LIMIT_HELP),
-        dataset: str | None = typer.Option(None, help=DATASET_HELP),
-        seed: int | None = typer.Option(None, help="Generation seed (synthesized suites)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        suite: SuiteOpt = "astropy-synth",
+        limit: LimitOpt = None,
+        dataset: DatasetOpt = None,
+        seed: SeedOpt = None,
+        as_json: JsonOpt = False,
         output: str | None = typer.Option(None, help="Also write the JSON report to this file."),
     ) -> None:
         """Run the gold patch and the empty patch per instance: valid = gold resolves, empty does not."""
