@@ -76,8 +76,6 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
-    wy_s0_fma: int = TreeWyConfig.s0_fma
-    """``wy``: 1 or 2 form the state products on the FMA pipe in fp32 (``TreeWyConfig.s0_fma``)."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -97,9 +95,7 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(
-            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_s0_fma
-        )
+        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages)
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

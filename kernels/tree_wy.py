@@ -69,10 +69,9 @@ def _fp64_tile(x):
 @triton.jit
 def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr, HV: tl.constexpr,
                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, BT: tl.constexpr,
-                  BV: tl.constexpr, S0_FMA: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
+                  BV: tl.constexpr, USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     """kk = K K^T, qk = Q K^T [BT, BT], ks = K S0, qs = Q S0 [BT, BV] and the rows' squared norms, in fp64,
-    four fp64 products per key chunk; with ``S0_FMA`` the two state products of a chunk are fp32 products
-    on the FMA pipe instead (see ``TreeWyConfig.s0_fma``), each chunk's sums added to fp64 accumulators."""
+    four fp64 products per key chunk."""
     # The key dimension is walked in chunks of KC, in a loop left rolled, so only [BT, KC] and [KC, BV] fp64
     # operands are live at once: whole [BT, K] fp64 tiles, or an unrolled loop's hoisted loads, spill
     # registers on sm_90 (ptxas -v).
@@ -95,67 +94,23 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
                       mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
         # Triton gives every dot of the loop the warp layout it picks for the last one (chained dots): a
         # [BT, BV] product last, so it is [1, warps] and no [BT, *] tile is replicated across warps.
-        if S0_FMA:  # "ieee": no tensor cores, a chain of fp32 fma over the chunk's keys per output
-            ks += tl.dot(b_k.to(tl.float32), b_s, input_precision="ieee").to(tl.float64)
-            qs += tl.dot(b_q.to(tl.float32), b_s, input_precision="ieee").to(tl.float64)
-        k64 = _fp64_tile(b_k)
-        q64 = _fp64_tile(b_q)
-        # converted beside the others as in the form timed in runs 18-21 (Triton 3.6: 254 registers, 72 bytes
-        # spilled); converted after K K^T and Q K^T it compiles to 255 and 32, not yet timed
-        s64 = b_s.to(tl.float64)
-        kk += tl.dot(k64, tl.trans(k64))
-        qk += tl.dot(q64, tl.trans(k64))
-        if not S0_FMA:
-            ks += tl.dot(k64, s64)
-            qs += tl.dot(q64, s64)
+        b_k = _fp64_tile(b_k)
+        b_q = _fp64_tile(b_q)
+        b_s = b_s.to(tl.float64)
+        kk += tl.dot(b_k, tl.trans(b_k))
+        qk += tl.dot(b_q, tl.trans(b_k))
+        ks += tl.dot(b_k, b_s)
+        qs += tl.dot(b_q, b_s)
         if USE_QK_L2NORM_IN_KERNEL:
-            ss_k += tl.sum(k64 * k64, 1)
-            ss_q += tl.sum(q64 * q64, 1)
+            ss_k += tl.sum(b_k * b_k, 1)
+            ss_q += tl.sum(b_q * b_q, 1)
     return kk, qk, ks, qs, ss_k, ss_q
-
-
-@triton.jit
-def _key_products_stacked(q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr,
-                          HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                          KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                          USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    """``_key_products`` with the state products on the FMA pipe and k and q stacked into one [2 BT, KC]
-    tile: per key chunk one fp64 product K [K; Q]^T = [K K^T | K Q^T] and one fp32 product [K; Q] S0. The
-    fp64 product's [BT, 2 BT] shape gets the warp layout [1, warps]; the square K K^T and Q K^T of
-    ``_key_products`` get [warps, 1] once no [BT, BV] fp64 product shares their loop, and that layout
-    wastes half of each 16-row fp64 MMA on 32 rows."""
-    o_s = tl.arange(0, 2 * BT)
-    is_q = o_s >= BT
-    r_s = tl.where(is_q, o_s - BT, o_s)
-    m_s = r_s < n
-    rows_s = (bos + r_s).to(tl.int64)
-    kq = tl.zeros([BT, 2 * BT], dtype=tl.float64)
-    sv = tl.zeros([2 * BT, BV], dtype=tl.float64)
-    ss = tl.zeros([2 * BT], dtype=tl.float64)
-    for k0 in tl.range(0, BK, KC):
-        o_k = k0 + tl.arange(0, KC)
-        m_k = o_k < K
-        off = (rows_s[:, None] * H + i_h) * K + o_k[None, :]
-        b_qk = tl.load(tl.where(is_q[:, None], q + off, k + off), mask=m_s[:, None] & m_k[None, :], other=0)
-        b_k = tl.load(k + (rows[:, None] * H + i_h) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                      other=0)  # fmt: skip
-        b_s = tl.load(h0 + ((i_n * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :],
-                      mask=m_k[:, None] & m_v[None, :], other=0)  # fmt: skip
-        sv += tl.dot(b_qk.to(tl.float32), b_s, input_precision="ieee").to(tl.float64)
-        qk64 = _fp64_tile(b_qk)
-        kq += tl.dot(_fp64_tile(b_k), tl.trans(qk64))
-        if USE_QK_L2NORM_IN_KERNEL:
-            ss += tl.sum(qk64 * qk64, 1)
-    kk, kq_t = tl.split(tl.permute(tl.reshape(kq, [BT, 2, BT]), (0, 2, 1)))
-    ks, qs = tl.split(tl.permute(tl.reshape(sv, [2, BT, BV]), (1, 2, 0)))
-    ss_k, ss_q = tl.split(tl.permute(tl.reshape(ss, [2, BT]), (1, 0)))
-    return kk, tl.trans(kq_t), ks, qs, ss_k, ss_q
 
 
 @triton.jit
 def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr, S0_FMA: tl.constexpr,
+                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
                     USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
     i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -174,14 +129,9 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
     bits = tl.load(anc + rows, mask=m_t, other=0)
     kept = tl.load(keep + rows, mask=m_t, other=0) != 0
-    if S0_FMA == 2:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products_stacked(
-            q, k, h0, bos, n, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV,
-            USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
-    else:
-        kk, qk, ks, qs, ss_k, ss_q = _key_products(
-            q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, S0_FMA == 1,
-            USE_QK_L2NORM_IN_KERNEL)  # fmt: skip
+    kk, qk, ks, qs, ss_k, ss_q = _key_products(
+        q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
+    )
     # the value tile is read now, so its latency hides behind the tree products below (hydra27 on the H100:
     # 0.677 ms reading it after them in run 11, 0.642 with this and three pipeline stages in run 12)
     b_v = tl.load(v + (rows[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_tv, other=0)
@@ -249,21 +199,7 @@ class TreeWyConfig:
     against 3 0.646. Since fp32 tiles are converted in place (run 19): 4 0.613 and 0.615 ms (two bench
     processes), 3 0.622 and 0.623, 2 0.768."""
 
-    s0_fma: int = 0
-    """1: the state products K S0 and Q S0 (half of a program's multiply-adds) as fp32 products on the
-    CUDA cores' FMA pipe, beside the fp64 tensor-core products rather than in their queue; each key chunk's
-    sums (a chain of ``block_k`` fp32 fma per output) are added in fp64. Emulated on the GDN audit's
-    operands (``bench/analysis/wy_precision.py``): 0 of 1,536 cells outside the paired rule, worst error
-    0.30 of its bound at 16-key chunks (0.41 at 32, 0.94 as one 128-key chain), against 0.21 in fp64; on
-    the GDN bench's operands with its per-node cells (``--bench-operands 48``, 64,512 cells): 0 outside,
-    0.65 at 16 keys (1 outside at 32, 1,915 as one chain), against 0.26. Only 16-key chunks keep a margin.
-    2: the same with q and k stacked into one tile (``_key_products_stacked``), so that the remaining fp64
-    key product keeps a warp layout that wastes no MMA rows. 0 (all fp64) until a GPU run shows another
-    faster."""
-
     def __post_init__(self) -> None:
-        if self.s0_fma not in (0, 1, 2):
-            raise ValueError(f"s0_fma {self.s0_fma}: 0, 1 or 2")
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
@@ -323,7 +259,7 @@ def tree_gdn_wy(
     _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
         q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, S0_FMA=config.s0_fma, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
+        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

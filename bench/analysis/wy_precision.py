@@ -7,10 +7,11 @@ the fp32 per-node recurrence as the native envelope. Prints one line per variant
 
 A second table emulates the kernel's own form (``kernels.tree_wy``: key products in fp64, W = P (I + A)^-1
 as the product (I - A)(I + A^2)... in fp64, fp32 or tf32x3, the decays' exponentials in fp64 or fp32, the
-state products in fp64 or as fp32 fma chains over key chunks, ``s0_fma``) and prints each variant's worst
-cell error over its paired-rule bound. ``exp32`` with ``W tf32x3`` was a kernel
-knob for a while; on the H100 (BENCHMARKS.md, run 16) it was slower (0.680 ms against 0.647) and left 8 cells
-outside the rule on the bench's operands, so it was removed.
+state products in fp64 or as fp32 fma chains over key chunks) and prints each variant's worst cell error over
+its paired-rule bound. Two of these were kernel knobs for a while and were removed after a GPU run
+(BENCHMARKS.md): ``exp32`` with ``W tf32x3`` (H100 run 16: 0.680 ms against 0.647, 8 cells outside the rule on
+the bench's operands) and the state products as 16-key fma chains (``s0_fma``, H100 run 22: 1.00 to 1.25 ms
+against 0.611, 2 cells outside where this emulation saw none).
 
     python bench/analysis/wy_precision.py [--bench-operands LAYERS]
 
@@ -97,8 +98,8 @@ def tf32x3(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fma_chunks(a: torch.Tensor, b: torch.Tensor, chunk: int) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] as the kernel's ``s0_fma`` forms it: per key chunk a chain of fp32 fma
-    (each step the exact product added in fp64, rounded once to fp32), the chunk sums added in fp64."""
+    """a [..., M, K] @ b [..., K, N] as the removed ``s0_fma`` kernel knob formed it: per key chunk
+    a chain of fp32 fma (each step's exact product added in fp64, rounded to fp32); chunk sums in fp64."""
     a, b = a.float(), b.float()
     total = torch.zeros((*a.shape[:-1], b.shape[-1]), dtype=F64)
     for c0 in range(0, a.shape[-1], chunk):

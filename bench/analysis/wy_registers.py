@@ -6,7 +6,7 @@ counts ``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' r
 Prints one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why
 ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps[:s0_fma] ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
 
 By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
 instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
@@ -55,9 +55,9 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, s0_fma: int = 0) -> str:
+def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
-    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3, S0_FMA=s0_fma,
+    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
                   USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
@@ -80,9 +80,8 @@ def report(bt: int, bv: int, kc: int, warps: int, served: bool = False, s0_fma: 
     # sm_90 has fp64 MMA in shapes m8n8k4 and m16n8k{4,8,16}; Triton versions differ in the one they emit
     mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
     shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
-    fma = len(re.findall(r"\bfma\.rn\.f32\b", ptx))
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    return f"BT {bt} BV {bv} KC {kc} warps {warps} s0_fma {s0_fma}: {shapes} fp64 mma, {fma} fp32 fma, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
 
 
 def main(args: list[str]) -> None:
@@ -91,8 +90,8 @@ def main(args: list[str]) -> None:
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps, *fma = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps, served, *fma), flush=True)
+        bt, bv, kc, warps = (int(x) for x in text.split(":"))
+        print(report(bt, bv, kc, warps, served), flush=True)
 
 
 if __name__ == "__main__":
