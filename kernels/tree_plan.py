@@ -518,16 +518,29 @@ MAX_ROWS = 64
 
 @dataclass(frozen=True)
 class WyPlan:
-    """The per-row tables of one packed batch of trees (host lists; device copies cached per device)."""
+    """The per-slot tables of one packed batch of trees (host lists; device copies cached per device).
+
+    A *group* is what one program (per value tile and head) verifies: a sequence's whole tree, or, in a
+    plan made by ``grouped``, a set of its rows closed under ancestors. A *slot* is a row's place in its
+    group; in a plan with one group per sequence, slot i is row i."""
 
     cu: tuple[int, ...]
-    """Row ranges per sequence."""
+    """Slot ranges per group."""
     anc: tuple[int, ...]
-    """Per row: bit j set when row j of its sequence (local index) is the row itself or an ancestor."""
+    """Per slot: bit j set when slot j of its group is the slot's row itself or one of its ancestors."""
     keep: tuple[int, ...]
-    """Per row: 1 = output written, 0 = a skipped (padded) row, written as zeros."""
+    """Per slot: 1 = output written, 0 = a skipped (padded) row, written as zeros, -1 = not written (a row
+    another group writes)."""
     depth: int
     """Largest node depth (edges from its sequence's first node); sets the number of squarings."""
+    rows: tuple[int, ...] = ()
+    """``grouped`` plans: the operand row of each slot (empty: slot i is row i, one group per sequence)."""
+    seq: tuple[int, ...] = ()
+    """``grouped`` plans: the sequence (state index) of each group."""
+    zero: tuple[int, ...] = ()
+    """``grouped`` plans: per group, ``zero_width`` skipped rows it writes as zeros (-1 = none)."""
+    total_rows: int = 0
+    """``grouped`` plans: operand rows of the batch (skipped rows have no slot)."""
     _device_cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     mode = "wy"
@@ -540,19 +553,27 @@ class WyPlan:
 
     @property
     def num_rows(self) -> int:
-        return self.cu[-1]
+        return self.total_rows if self.rows else self.cu[-1]
 
     def cut_buffer_bytes(self, num_v_heads: int, k_dim: int, v_dim: int) -> int:
         """No cut states: every node reads only its sequence's committed state."""
         return 0
 
     @property
-    def num_seqs(self) -> int:
+    def num_groups(self) -> int:
         return len(self.cu) - 1
 
     @property
+    def num_seqs(self) -> int:
+        return max(self.seq) + 1 if self.seq else self.num_groups
+
+    @property
+    def zero_width(self) -> int:
+        return len(self.zero) // self.num_groups
+
+    @property
     def block_t(self) -> int:
-        """Rows per program: the largest tree as a power of two, at least 16 (the dot's minimum)."""
+        """Slots per program: the largest group as a power of two, at least 16 (the dot's minimum)."""
         widest = max(b - a for a, b in zip(self.cu, self.cu[1:], strict=False))
         return max(16, 1 << (widest - 1).bit_length())
 
@@ -564,18 +585,73 @@ class WyPlan:
             s += 1
         return s
 
-    def on(self, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(cu int32, anc int64, keep int8) on ``device``, made once (so CUDA-graph capture finds them)."""
+    def grouped(self, cap: int) -> WyPlan:
+        """This plan with each tree cut into groups of at most ``cap`` rows closed under ancestors
+        (``group_rows``), or this plan itself where that does not shrink a program's block of rows."""
+        key = ("grouped", cap)
+        if key not in self._device_cache:
+            self._device_cache[key] = _group_rows(self, cap)
+        return self._device_cache[key]  # type: ignore[no-any-return]
+
+    def on(self, device: torch.device | str) -> tuple[torch.Tensor, ...]:
+        """(cu int32, anc int64, keep int8, rows int32, seq int32, zero int32) on ``device``, made once (so
+        CUDA-graph capture finds them); the last three are ``cu`` again in a plan without groups."""
         key = str(device)
         if key not in self._device_cache:
             # bit 63 as a signed int64 (a 64-row tree's last row)
             anc = [a - (1 << 64) if a >= 1 << 63 else a for a in self.anc]
+            cu = torch.tensor(self.cu, dtype=torch.int32, device=device)
+            tables = [torch.tensor(x, dtype=torch.int32, device=device) if x else cu
+                      for x in (self.rows, self.seq, self.zero)]  # fmt: skip
             self._device_cache[key] = (
-                torch.tensor(self.cu, dtype=torch.int32, device=device),
+                cu,
                 torch.tensor(anc, dtype=torch.int64, device=device),
                 torch.tensor(self.keep, dtype=torch.int8, device=device),
+                *tables,
             )
         return self._device_cache[key]  # type: ignore[no-any-return]
+
+
+def _group_rows(plan: WyPlan, cap: int) -> WyPlan:
+    """First-fit decreasing over each tree's root-to-leaf paths (its live leaves' ancestor sets, longest
+    first): a path joins the first group it fits, so shared prefixes are computed once per group that holds
+    them; each row is written by the first group holding it, each skipped row zeroed by one group."""
+    if plan.rows or plan.block_t <= cap:
+        return plan
+    cu, anc, keep, rows, seq, zeros = [0], [], [], [], [], []
+    for s, (a, b) in enumerate(zip(plan.cu, plan.cu[1:], strict=False)):
+        live = [r for r in range(a, b) if plan.keep[r]]
+        inner = 0  # strict ancestors of live rows
+        for r in live:
+            inner |= plan.anc[r] & ~(1 << (r - a))
+        paths = sorted(
+            (plan.anc[r] for r in live if not inner >> (r - a) & 1), key=int.bit_count, reverse=True
+        )
+        if any(p.bit_count() > cap for p in paths):
+            return plan  # a path longer than a group: no cut
+        groups: list[int] = []
+        for p in paths:
+            i = next((i for i, m in enumerate(groups) if (m | p).bit_count() <= cap), len(groups))
+            groups[i : i + 1] = [(groups[i] if i < len(groups) else 0) | p]
+        groups = groups or [0]
+        skipped = [r for r in range(a, b) if not plan.keep[r]]
+        written = 0
+        for gi, members in enumerate(groups):
+            slots = [j for j in range(b - a) if members >> j & 1]  # ascending: parents before children
+            for j in slots:
+                anc.append(sum(1 << i for i, jj in enumerate(slots) if plan.anc[a + j] >> jj & 1))
+                keep.append(-1 if written >> j & 1 else 1)
+                rows.append(a + j)
+            written |= members
+            cu.append(len(rows))
+            seq.append(s)
+            zeros.append(skipped[gi :: len(groups)])
+    width = max(map(len, zeros))
+    width = 1 << (width - 1).bit_length() if width else 0
+    zero = tuple(r for z in zeros for r in z + [-1] * (width - len(z)))
+    return WyPlan(
+        tuple(cu), tuple(anc), tuple(keep), plan.depth, tuple(rows), tuple(seq), zero, plan.num_rows
+    )
 
 
 def plan_wy(

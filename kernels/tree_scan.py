@@ -76,6 +76,8 @@ class TreeScanConfig:
     """``wy``: key-chunk width (a power of two of at least 16) of the products over the key dimension."""
     wy_num_stages: int = TreeWyConfig.num_stages
     """``wy``: pipelining depth of the key loop."""
+    wy_group_rows: int = TreeWyConfig.group_rows
+    """``wy``: 0, or the most rows one program verifies, trees cut into ancestor-closed groups."""
     wy_max_rows: int = 32
     """``auto``: batches whose trees have at most this many rows each are verified by ``wy``; 0 = never.
     Its outputs round differently from native decoding's, within the audit's paired rule, where the
@@ -95,7 +97,9 @@ class TreeScanConfig:
 
     def wy_config(self) -> TreeWyConfig:
         """The ``wy_*`` knobs as the matrix-form verifier's own config."""
-        return TreeWyConfig(self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages)
+        return TreeWyConfig(
+            self.wy_block_v, self.wy_num_warps, self.wy_block_k, self.wy_num_stages, self.wy_group_rows
+        )
 
     @classmethod
     def from_env(cls, text: str | None = None) -> TreeScanConfig:

@@ -108,27 +108,32 @@ def _key_products(q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H: tl.constexpr
 
 
 @triton.jit
-def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl.constexpr, HV: tl.constexpr,
-                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr,
-                    BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
+def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, slot_rows, group_seq, zero_rows, scale,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                    KC: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr, SQUARINGS: tl.constexpr,
+                    GROUPED: tl.constexpr, BZ: tl.constexpr,
                     USE_QK_L2NORM_IN_KERNEL: tl.constexpr):  # fmt: skip
-    i_v, i_hv, i_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_hv, i_g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
-    bos = tl.load(cu + i_s)
-    n = tl.load(cu + i_s + 1) - bos
+    bos = tl.load(cu + i_g)
+    n = tl.load(cu + i_g + 1) - bos
     o_t = tl.arange(0, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     m_t, m_v = o_t < n, o_v < V
-    rows = (bos + o_t).to(tl.int64)
-    i_n = tl.load(h0_idx + i_s).to(tl.int64)
+    if GROUPED:  # slots gathered from the rows of the group's sequence
+        rows = tl.load(slot_rows + bos + o_t, mask=m_t, other=0).to(tl.int64)
+        i_n = tl.load(h0_idx + tl.load(group_seq + i_g)).to(tl.int64)
+    else:  # the group is a sequence's row range
+        rows = (bos + o_t).to(tl.int64)
+        i_n = tl.load(h0_idx + i_g).to(tl.int64)
     m_tv = m_t[:, None] & m_v[None, :]
     # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
     # its products (the value tile's too, or chunks of the loop issued one iteration ahead by hand, cost
     # registers and time on the H100: BENCHMARKS.md, run 11).
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
-    bits = tl.load(anc + rows, mask=m_t, other=0)
-    kept = tl.load(keep + rows, mask=m_t, other=0) != 0
+    bits = tl.load(anc + bos + o_t, mask=m_t, other=0)
+    kept = tl.load(keep + bos + o_t, mask=m_t, other=0)
     kk, qk, ks, qs, ss_k, ss_q = _key_products(
         q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
     )
@@ -162,12 +167,19 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, scale, H: tl
     e_G = tl.exp(b_G)
     b_b = b_beta[:, None] * (_fp64_tile(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
-    b_o = tl.where(kept[:, None], b_o, 0.0)
+    b_o = tl.where(kept[:, None] > 0, b_o, 0.0)
     tl.store(
         o + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
         b_o.to(tl.float32).to(o.dtype.element_ty),
-        mask=m_tv,
+        mask=m_tv & (kept[:, None] >= 0),
     )
+    if BZ > 0:  # skipped rows, which have no slot in a grouped plan
+        z_rows = tl.load(zero_rows + i_g * BZ + tl.arange(0, BZ)).to(tl.int64)
+        tl.store(
+            o + (z_rows[:, None] * HV + i_hv) * V + o_v[None, :],
+            tl.zeros([BZ, BV], dtype=o.dtype.element_ty),
+            mask=(z_rows[:, None] >= 0) & m_v[None, :],
+        )
 
 
 @dataclass(frozen=True)
@@ -198,11 +210,19 @@ class TreeWyConfig:
     H100 (run 12, a call whose raw files were lost): 3 and 4 both 0.640 ms, 2 0.815; run 13: 6 0.655
     against 3 0.646. Since fp32 tiles are converted in place (run 19): 4 0.613 and 0.615 ms (two bench
     processes), 3 0.622 and 0.623, 2 0.768."""
+    group_rows: int = 0
+    """0: one program per (value tile, head, tree). A power of two of at least 16: a tree with more rows is
+    verified by several programs, each over a set of at most this many rows closed under ancestors
+    (``WyPlan.grouped``; prefixes shared by two sets are computed by both, written by one), so each does a
+    quarter of the [rows, rows] products at half the rows and the GPU gets more programs: hydra27 (28 live
+    rows) becomes groups of 16 and 15 rows. Unchanged where a root-to-leaf path is longer."""
 
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):
             if (width := getattr(self, name)) < 16 or width & (width - 1):
                 raise ValueError(f"{name} {width}: a power of two of at least 16")
+        if self.group_rows and (self.group_rows < 16 or self.group_rows & (self.group_rows - 1)):
+            raise ValueError(f"group_rows {self.group_rows}: 0 or a power of two of at least 16")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ValueError(f"num_warps {self.num_warps}, num_stages {self.num_stages}: both positive")
 
@@ -239,6 +259,8 @@ def tree_gdn_wy(
         if parents is None:
             raise ValueError("need parents or a plan")
         plan = plan_wy(parents, cu_seqlens, skip)
+    if config.group_rows:
+        plan = plan.grouped(config.group_rows)
     B, R, H, K = q.shape
     HV, V = v.shape[2], v.shape[3]
     assert B == 1 and R == plan.num_rows, f"q {tuple(q.shape)} vs plan of {plan.num_rows} rows"
@@ -253,13 +275,14 @@ def tree_gdn_wy(
         state_indices = torch.arange(plan.num_seqs, device=device, dtype=torch.int32)
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape and o.is_contiguous()
-    cu, anc, keep = plan.on(device)
+    tables = plan.on(device)
     BV = min(config.block_v, max(16, triton.next_power_of_2(V)))
     BK = max(16, triton.next_power_of_2(K))
-    _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_seqs)](
-        q, k, v, g, beta, o, initial_state, state_indices, cu, anc, keep, scale,
+    _tree_wy_kernel[(triton.cdiv(V, BV), HV, plan.num_groups)](
+        q, k, v, g, beta, o, initial_state, state_indices, *tables, scale,
         H=H, HV=HV, K=K, V=V, BK=BK, KC=min(config.block_k, BK), BT=plan.block_t, BV=BV,
-        SQUARINGS=plan.squarings, USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        SQUARINGS=plan.squarings, GROUPED=bool(plan.rows), BZ=plan.zero_width,
+        USE_QK_L2NORM_IN_KERNEL=use_qk_l2norm_in_kernel, num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )  # fmt: skip
     return o, None

@@ -6,7 +6,9 @@ counts ``mma.sync ... f64`` instructions per shape in its PTX and reads ptxas' r
 Prints one line per config: whole-K fp64 tiles spill, the chunked key loop does not, which is why
 ``wy_block_k`` exists.
 
-    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps ...]
+    python bench/analysis/wy_registers.py [--served] [BT:BV:KC:warps[:BZ] ...]
+
+BZ > 0 compiles the grouped form (``TreeWyConfig.group_rows``) with BZ zeroed rows per group.
 
 By default q, k and v are bf16 and l2-normalised in the kernel; ``--served`` compiles the model's operands
 instead (fp32 q, k, v normalised by ``gdn_prep``), whose 32-bit key chunks Triton's pipeliner loads ahead.
@@ -35,12 +37,14 @@ CONFIGS = (
     "32:64:32:4",
     "32:128:16:8",
     "64:64:16:4",
+    "16:64:16:4:2",
+    "16:128:16:4:2",
 )
 SIGNATURE = {
     **dict.fromkeys(("q", "k", "v", "o"), "*bf16"),
     **dict.fromkeys(("g", "beta", "h0"), "*fp32"),
     "scale": "fp32",
-    **dict.fromkeys(("h0_idx", "cu"), "*i32"),
+    **dict.fromkeys(("h0_idx", "cu", "slot_rows", "group_seq", "zero_rows"), "*i32"),
     "anc": "*i64",
     "keep": "*i8",
 }
@@ -55,9 +59,9 @@ def ptxas() -> str:
     raise SystemExit("no ptxas bundled with this Triton")
 
 
-def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
+def report(bt: int, bv: int, kc: int, warps: int, bz: int = 0, served: bool = False) -> str:
     fn = tree_wy._tree_wy_kernel
-    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
+    consts = dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3, GROUPED=bz > 0, BZ=bz,
                   USE_QK_L2NORM_IN_KERNEL=not served)  # fmt: skip
     signature = {**SIGNATURE, **(dict.fromkeys(("q", "k", "v", "o"), "*fp32") if served else {})}
     src = ASTSource(fn, {**signature, **dict.fromkeys(consts, "constexpr")},
@@ -81,7 +85,7 @@ def report(bt: int, bv: int, kc: int, warps: int, served: bool = False) -> str:
     mma = collections.Counter(re.findall(r"mma\.sync\.aligned\.(m\d+n\d+k\d+)\.row\.col\.f64", ptx))
     shapes = ", ".join(f"{n} {s}" for s, n in mma.items()) or "0"
     used = f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} bytes spilled"
-    return f"BT {bt} BV {bv} KC {kc} warps {warps}: {shapes} fp64 mma, {used}"
+    return f"BT {bt} BV {bv} KC {kc} warps {warps} BZ {bz}: {shapes} fp64 mma, {used}"
 
 
 def main(args: list[str]) -> None:
@@ -90,8 +94,8 @@ def main(args: list[str]) -> None:
     operands = "served fp32 operands" if served else "bf16 operands, in-kernel l2norm"
     print(f"triton {triton.__version__}, sm_90, 27B heads (K = V = 128), {operands}")
     for text in configs:
-        bt, bv, kc, warps = (int(x) for x in text.split(":"))
-        print(report(bt, bv, kc, warps, served), flush=True)
+        bt, bv, kc, warps, bz, *_ = (*(int(x) for x in text.split(":")), 0)
+        print(report(bt, bv, kc, warps, bz, served), flush=True)
 
 
 if __name__ == "__main__":

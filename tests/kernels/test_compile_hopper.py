@@ -41,14 +41,15 @@ for bv, tiles, side, cuts, packed in ((8, 1, 0, False, False), (8, 1, 2, False, 
     build(tree_scan._tree_scan_kernel, sig, dict(H=16, HV=48, K=128, V=128, BK=128, BV=bv, TILES=tiles,
                                                  USE_QK_L2NORM_IN_KERNEL=False, HAS_CUT=cuts,
                                                  SIDE=side, PACKED=packed))
-wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale", "*i32": "h0_idx cu", "*i64": "anc",
-               "*i8": "keep"})
+wy = typed(**{"*bf16": "q k v o", "*fp32": "g beta h0", "fp32": "scale",
+               "*i32": "h0_idx cu slot_rows group_seq zero_rows", "*i64": "anc", "*i8": "keep"})
 served = {**wy, **typed(**{"*fp32": "q k v o"})}  # the model's operands: fp32 tiles converted in place
-wy_tiles = ((16, 32, 32, 0), (32, 64, 16, 0), (64, 16, 32, 0), (32, 32, 128, 0), (32, 64, 16, 1))
-for bt, bv, kc, fp32 in wy_tiles:  # fp64 dots: Hopper's DMMA
+wy_tiles = ((16, 32, 32, 0, 0), (32, 64, 16, 0, 0), (64, 16, 32, 0, 0), (32, 32, 128, 0, 0),
+            (32, 64, 16, 1, 0), (16, 64, 16, 1, 2), (16, 128, 16, 1, 2))  # the last two: grouped plans
+for bt, bv, kc, fp32, bz in wy_tiles:  # fp64 dots: Hopper's DMMA
     ttgir = build(tree_wy._tree_wy_kernel, served if fp32 else wy,
-                  dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3,
-                       USE_QK_L2NORM_IN_KERNEL=not fp32)).asm["ttgir"]
+                  dict(H=16, HV=48, K=128, V=128, BK=128, KC=kc, BT=bt, BV=bv, SQUARINGS=3, GROUPED=bz > 0,
+                       BZ=bz, USE_QK_L2NORM_IN_KERNEL=not fp32)).asm["ttgir"]
     # Triton 3.6 (the H200's) aborts on fp64 dot operands of kWidth > 1, which bf16 loads ask for
     # unless tree_wy._fp64_operand ends the trace; newer Tritons lower them, so check the layout itself
     widths = set(re.findall(r"xf64, #ttg\.dot_op<\{opIdx = \d, parent = #\w+, kWidth = (\d+)", ttgir))

@@ -67,18 +67,29 @@ def test_gdn_bench_config_syntax() -> None:
 
 
 def test_gdn_bench_wy_config_syntax() -> None:
-    """``--wy-configs`` items: BV:warps[:BK[:stages]], the rest at the served defaults; bad items are
-    refused."""
+    """``--wy-configs`` items: BV:warps[:BK[:stages[:group]]], the rest at the served defaults; bad items
+    are refused."""
     from lumotree.kernels.tree_scan import TreeScanConfig
     from lumotree.platform.benches.gdn import _config_text, _parse_wy_config
 
     base = TreeScanConfig()
     assert _parse_wy_config("64:8:128") == {"wy_block_v": 64, "wy_num_warps": 8, "wy_block_k": 128,
-                                            "wy_num_stages": base.wy_num_stages}  # fmt: skip
+                                            "wy_num_stages": base.wy_num_stages,
+                                            "wy_group_rows": base.wy_group_rows}  # fmt: skip
     assert _parse_wy_config("16:4")["wy_block_k"] == base.wy_block_k
-    assert _parse_wy_config("64:4:16:4") == {"wy_block_v": 64, "wy_num_warps": 4, "wy_block_k": 16,
-                                             "wy_num_stages": 4}  # fmt: skip
-    assert _config_text(_parse_wy_config("32:4:64:2")) == "32:4:64:2"
-    for bad in ("32", "24:4", "32:0", "32:4:8", "32:4:64:0", "32:4:16:3:1", "32:4:16:3:0:2", "a:b"):
+    assert _parse_wy_config("64:4:16:4:16") == {"wy_block_v": 64, "wy_num_warps": 4, "wy_block_k": 16,
+                                                "wy_num_stages": 4, "wy_group_rows": 16}  # fmt: skip
+    assert _config_text(_parse_wy_config("32:4:64:2:0")) == "32:4:64:2:0"
+    for bad in (
+        "32",
+        "24:4",
+        "32:0",
+        "32:4:8",
+        "32:4:64:0",
+        "32:4:16:3:8",
+        "32:4:16:3:24",
+        "32:4:16:3:0:2",
+        "a:b",
+    ):
         with pytest.raises(ValueError):
             _parse_wy_config(bad)

@@ -58,9 +58,15 @@ def test_audit_trees_within_the_paired_rule() -> None:
         assert torch.equal(o_bf16, o_fp32)
         o_nat, _ = tree_gdn_ref(q, k, v, g, beta, parents, h0, None)
         o64, _ = tree_gdn_float64(q, k, v, g, beta, parents, h0, None)
-        bad += _cells_outside_rule(o, o_nat, o64)
-        # fp64 inside: the error is the output's own rounding, far below native decoding's
-        assert (o.double() - o64).abs().max() <= 2.0**-23 * o64.abs().max()
+        # trees cut into ancestor-closed groups of at most 16 rows: every row written, to the same bound
+        grouped = torch.full_like(v, float("nan"))
+        wy.tree_gdn_wy(
+            q, k, v, g, beta, parents, h0, None, config=wy.TreeWyConfig(group_rows=16), out=grouped
+        )
+        for out in (o, grouped):
+            bad += _cells_outside_rule(out, o_nat, o64)
+            # fp64 inside: the error is the output's own rounding, far below native decoding's
+            assert (out.double() - o64).abs().max() <= 2.0**-23 * o64.abs().max()
     assert bad == 0
 
 
@@ -100,6 +106,14 @@ def test_batched_trees_skipped_rows_state_indices_bf16_and_dispatch() -> None:
     auto_cfg = ts.TreeScanConfig(wy_max_rows=32)
     auto, _ = ts.tree_gdn(q, k, v, g, beta, parents, pool, config=auto_cfg, skip=skip, **kw)
     assert torch.equal(auto, o)
+    # hydra27 cut into two ancestor-closed groups (16 and 15 rows), its padded rows zeroed from a list
+    grouped = torch.full_like(v, float("nan"))
+    cfg16 = ts.TreeScanConfig(plan_mode="wy", wy_group_rows=16)
+    ts.tree_gdn(q, k, v, g, beta, parents, pool, config=cfg16, skip=skip, out=grouped, **kw)
+    assert torch.equal(grouped[:, skip], o[:, skip])
+    assert (
+        (grouped[:, keep].double() - ref[:, keep]).abs() <= 2.0**-7 * ref[:, keep].abs() + 2.0**-133
+    ).all()
     # the single-sequence form of kernels.dispatch (no batch dim)
     one, _ = ts.tree_gdn(q[0, :32], k[0, :32], v[0, :32], g[0, :32], beta[0, :32], a, pool[2], config=cfg,
                          use_qk_l2norm_in_kernel=True, skip=skip)  # fmt: skip
@@ -115,6 +129,26 @@ def test_plan_tables_and_bad_trees() -> None:
         0, 0, 1, 1, 2, 2, 3, 3,
     ]  # fmt: skip
     assert tree_plan.plan_wy([-1, *range(63)]).block_t == 64
+    # groups: hydra27's 28 live rows in two ancestor-closed sets; chains longer than a group stay whole
+    from lumotree.serving.tree import hydra27
+
+    topo = hydra27()
+    whole = tree_plan.plan_wy(topo.parents, skip=topo.padded_rows)
+    cut = whole.grouped(16)
+    assert cut is whole.grouped(16) and whole.grouped(32) is whole and cut.grouped(16) is cut
+    assert cut.cu == (0, 16, 31) and cut.seq == (0, 0) and cut.block_t == 16 and cut.num_rows == 32
+    assert sorted(cut.zero) == sorted(topo.padded_rows) and cut.zero_width == 2
+    written = [r for r, w in zip(cut.rows, cut.keep, strict=True) if w == 1]
+    assert sorted(written) == [r for r in range(32) if r not in topo.padded_rows]
+    for a, b in zip(cut.cu, cut.cu[1:], strict=False):
+        members = cut.rows[a:b]
+        for i, r in enumerate(members):  # each slot's mask is its row's ancestors-or-self, all in the group
+            ancestors = {r}
+            while topo.parents[r] >= 0:
+                r = topo.parents[r]
+                ancestors.add(r)
+            assert {members[j] for j in range(b - a) if cut.anc[a + i] >> j & 1} == ancestors
+    assert tree_plan.plan_wy([-1, *range(19)]).grouped(16).rows == ()
     for parents, skip, msg in (
         ([-1, *range(64)], (), "more than 64 rows"),
         ([-1, 0, 1], (1,), "parent 1 is skipped"),
