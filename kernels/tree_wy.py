@@ -121,10 +121,12 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, slot_rows, g
     o_v = i_v * BV + tl.arange(0, BV)
     m_t, m_v = o_t < n, o_v < V
     if GROUPED:  # slots gathered from the rows of the group's sequence
-        rows = tl.load(slot_rows + bos + o_t, mask=m_t, other=0).to(tl.int64)
+        slots = bos + o_t
+        rows = tl.load(slot_rows + slots, mask=m_t, other=0).to(tl.int64)
         i_n = tl.load(h0_idx + tl.load(group_seq + i_g)).to(tl.int64)
     else:  # the group is a sequence's row range
         rows = (bos + o_t).to(tl.int64)
+        slots = rows
         i_n = tl.load(h0_idx + i_g).to(tl.int64)
     m_tv = m_t[:, None] & m_v[None, :]
     # The small loads that do not depend on the key loop are issued before it, so their latency hides behind
@@ -132,8 +134,8 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, slot_rows, g
     # registers and time on the H100: BENCHMARKS.md, run 11).
     b_g = tl.load(g + rows * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0)
-    bits = tl.load(anc + bos + o_t, mask=m_t, other=0)
-    kept = tl.load(keep + bos + o_t, mask=m_t, other=0)
+    bits = tl.load(anc + slots, mask=m_t, other=0)
+    kept = tl.load(keep + slots, mask=m_t, other=0)
     kk, qk, ks, qs, ss_k, ss_q = _key_products(
         q, k, h0, rows, m_t, i_n, i_h, i_hv, o_v, m_v, H, HV, K, V, BK, KC, BT, BV, USE_QK_L2NORM_IN_KERNEL
     )
@@ -167,12 +169,11 @@ def _tree_wy_kernel(q, k, v, g, beta, o, h0, h0_idx, cu, anc, keep, slot_rows, g
     e_G = tl.exp(b_G)
     b_b = b_beta[:, None] * (_fp64_tile(b_v) - (e_G * r_k)[:, None] * ks)
     b_o = (e_G * r_q)[:, None] * qs + tl.dot(b_w, b_b)
-    b_o = tl.where(kept[:, None] > 0, b_o, 0.0)
-    tl.store(
-        o + (rows[:, None] * HV + i_hv) * V + o_v[None, :],
-        b_o.to(tl.float32).to(o.dtype.element_ty),
-        mask=m_tv & (kept[:, None] >= 0),
-    )
+    b_o = tl.where(kept[:, None] != 0, b_o, 0.0)
+    if GROUPED:  # keep -1: a row another group writes
+        m_tv = m_tv & (kept[:, None] >= 0)
+    tl.store(o + (rows[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(tl.float32).to(o.dtype.element_ty),
+             mask=m_tv)  # fmt: skip
     if BZ > 0:  # skipped rows, which have no slot in a grouped plan
         z_rows = tl.load(zero_rows + i_g * BZ + tl.arange(0, BZ)).to(tl.int64)
         tl.store(
