@@ -27,8 +27,10 @@ leave it through fp32 (the interpreter has no direct bf16 <-> fp64 cast), so a b
 twice: at most half an fp32 ulp more. As in the scan, only outputs come out: durable state is
 published by native replay of the accepted path, bitwise that of plain decoding.
 
-One program per (value tile, value head, sequence); shapes as ``tree_scan.tree_gdn`` (fla layout, rows
-packed over sequences, at most ``MAX_ROWS`` per sequence).
+One program per (value tile, value head, group), a group being a sequence's tree or, with
+``TreeWyConfig.group_rows``, a set of its rows closed under ancestors (the restriction of (I + A)^-1 to such a
+set is the inverse of the restricted I + A, so a group needs no row outside it); shapes as
+``tree_scan.tree_gdn`` (fla layout, rows packed over sequences, at most ``MAX_ROWS`` per sequence).
 """
 
 from __future__ import annotations
@@ -216,7 +218,10 @@ class TreeWyConfig:
     verified by several programs, each over a set of at most this many rows closed under ancestors
     (``WyPlan.grouped``; prefixes shared by two sets are computed by both, written by one), so each does a
     quarter of the [rows, rows] products at half the rows and the GPU gets more programs: hydra27 (28 live
-    rows) becomes groups of 16 and 15 rows. Unchanged where a root-to-leaf path is longer."""
+    rows) becomes groups of 16 and 15 rows. Unchanged where a root-to-leaf path is longer. Off until timed
+    on a GPU: at the 27B heads a 16-row program compiles to 168 registers without spills at BV 64 and 4
+    warps (sm_90, Triton 3.6), against the served tile's 254 and 72 bytes spilled (BENCHMARKS.md,
+    CPU-only session of 2026-12-08)."""
 
     def __post_init__(self) -> None:
         for name in ("block_v", "block_k"):
