@@ -541,7 +541,8 @@ class WyPlan:
     """``grouped`` plans: per group, ``zero_width`` skipped rows it writes as zeros (-1 = none)."""
     total_rows: int = 0
     """``grouped`` plans: operand rows of the batch (skipped rows have no slot)."""
-    _device_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+    """Device copies of the tables and grouped plans, made once."""
 
     mode = "wy"
     """The ``TreeScanConfig.plan_mode`` that serves this plan."""
@@ -589,27 +590,27 @@ class WyPlan:
         """This plan with each tree cut into groups of at most ``cap`` rows closed under ancestors
         (``group_rows``), or this plan itself where that does not shrink a program's block of rows."""
         key = ("grouped", cap)
-        if key not in self._device_cache:
-            self._device_cache[key] = _group_rows(self, cap)
-        return self._device_cache[key]  # type: ignore[no-any-return]
+        if key not in self._cache:
+            self._cache[key] = _group_rows(self, cap)
+        return self._cache[key]  # type: ignore[no-any-return]
 
     def on(self, device: torch.device | str) -> tuple[torch.Tensor, ...]:
         """(cu int32, anc int64, keep int8, rows int32, seq int32, zero int32) on ``device``, made once (so
         CUDA-graph capture finds them); the last three are ``cu`` again in a plan without groups."""
         key = str(device)
-        if key not in self._device_cache:
+        if key not in self._cache:
             # bit 63 as a signed int64 (a 64-row tree's last row)
             anc = [a - (1 << 64) if a >= 1 << 63 else a for a in self.anc]
             cu = torch.tensor(self.cu, dtype=torch.int32, device=device)
             tables = [torch.tensor(x, dtype=torch.int32, device=device) if x else cu
                       for x in (self.rows, self.seq, self.zero)]  # fmt: skip
-            self._device_cache[key] = (
+            self._cache[key] = (
                 cu,
                 torch.tensor(anc, dtype=torch.int64, device=device),
                 torch.tensor(self.keep, dtype=torch.int8, device=device),
                 *tables,
             )
-        return self._device_cache[key]  # type: ignore[no-any-return]
+        return self._cache[key]  # type: ignore[no-any-return]
 
 
 def _group_rows(plan: WyPlan, cap: int) -> WyPlan:
@@ -629,11 +630,14 @@ def _group_rows(plan: WyPlan, cap: int) -> WyPlan:
         )
         if any(p.bit_count() > cap for p in paths):
             return plan  # a path longer than a group: no cut
-        groups: list[int] = []
+        groups: list[int] = []  # member bit masks
         for p in paths:
-            i = next((i for i, m in enumerate(groups) if (m | p).bit_count() <= cap), len(groups))
-            groups[i : i + 1] = [(groups[i] if i < len(groups) else 0) | p]
-        groups = groups or [0]
+            fit = next((i for i, m in enumerate(groups) if (m | p).bit_count() <= cap), None)
+            if fit is None:
+                groups.append(p)
+            else:
+                groups[fit] |= p
+        groups = groups or [0]  # a tree with every row skipped: one group to zero them
         skipped = [r for r in range(a, b) if not plan.keep[r]]
         written = 0
         for gi, members in enumerate(groups):
