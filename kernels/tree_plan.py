@@ -613,6 +613,16 @@ class WyPlan:
         return self._cache[key]  # type: ignore[no-any-return]
 
 
+def _bits(mask: int) -> list[int]:
+    """The indices of the set bits of ``mask``, lowest first."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
 def _group_rows(plan: WyPlan, cap: int) -> WyPlan:
     """First-fit decreasing over each tree's root-to-leaf paths (its live leaves' ancestor sets, longest
     first): a path joins the first group it fits, so shared prefixes are computed once per group that holds
@@ -642,8 +652,9 @@ def _group_rows(plan: WyPlan, cap: int) -> WyPlan:
         written = 0
         for gi, members in enumerate(groups):
             slots = [j for j in range(b - a) if members >> j & 1]  # ascending: parents before children
+            slot_of = {j: i for i, j in enumerate(slots)}
             for j in slots:
-                anc.append(sum(1 << i for i, jj in enumerate(slots) if plan.anc[a + j] >> jj & 1))
+                anc.append(sum(1 << slot_of[jj] for jj in _bits(plan.anc[a + j])))
                 keep.append(-1 if written >> j & 1 else 1)
                 rows.append(a + j)
             written |= members
