@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 
 ARM_RUNS: dict[str, tuple[str, dict[str, Any]]] = {
     "ar": ("ar", {}),
@@ -429,10 +429,4 @@ def register(bench_app: typer.Typer) -> None:
             raise typer.BadParameter(f"--rounds must be between 1 and --steps ({steps}), got {rounds}")
         started = time.time()
         report = run(shapes, dev, dtype, prompt_len, steps, warmup, iters, cuda_graphs, draft_vocab, rounds)
-        text = stamped(report, dev, started)
-        if as_json:
-            print(text)
-        else:
-            print_table(report)
-        if out is not None:
-            out.write_text(text + "\n")
+        emit(report, dev, started, out, as_json, print_table)

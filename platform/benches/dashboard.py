@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 
 
 def register(bench_app: typer.Typer) -> None:
@@ -80,7 +80,4 @@ def register(bench_app: typer.Typer) -> None:
         page = result["sweep_page"]
         assert isinstance(page, dict)
         result["under_1s"] = page["median_server_s"] < 1.0
-        text = stamped(result, "cpu", started)
-        if out:
-            out.write_text(text + "\n")
-        print(text)
+        emit(result, "cpu", started, out)

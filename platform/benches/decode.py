@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 
 SHAPES: dict[str, dict[str, Any]] = {
     "27b": dict(
@@ -258,6 +258,23 @@ def run(
     return out
 
 
+def _print_summary(result: dict[str, Any], console: Any) -> None:
+    """The floor and each variant's eager and graph times, one line each."""
+    console.print(
+        f"floor {result['floor_ms']:.3f} ms ({result['weight_bytes'] / 1e9:.2f} GB at "
+        f"{result['copy_bandwidth_GBps']:.0f} GB/s)"
+    )
+    for name, res in result["variants"].items():
+        if "error" in res:
+            console.print(f"  {name}: [red]{res['error']}[/]")
+            continue
+        line = f"  {name}: eager {res['eager']['median_ms']:.3f} ms"
+        if res.get("graph"):
+            ratio = res["graph_ratio_to_floor"]
+            line += f", graph {res['graph']['median_ms']:.3f} ms = {ratio:.2f} x floor"
+        console.print(line)
+
+
 def register(bench_app: typer.Typer) -> None:
     @bench_app.command("decode")
     def decode(
@@ -297,25 +314,6 @@ def register(bench_app: typer.Typer) -> None:
             raise typer.Exit(2)
         with console.status(f"decode bench: {shapes} shapes, batch {batch}, context {context} on {dev}"):
             result = run(shapes, batch, context, dev, dtype, warmup, iters, graph, names)
-        text = stamped(result, dev, started)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text + "\n")
-        if as_json:
-            print(text)
-        else:
-            console.print(
-                f"floor {result['floor_ms']:.3f} ms ({result['weight_bytes'] / 1e9:.2f} GB at "
-                f"{result['copy_bandwidth_GBps']:.0f} GB/s)"
-            )
-            for name, res in result["variants"].items():
-                if "error" in res:
-                    console.print(f"  {name}: [red]{res['error']}[/]")
-                    continue
-                line = f"  {name}: eager {res['eager']['median_ms']:.3f} ms"
-                if res.get("graph"):
-                    ratio = res["graph_ratio_to_floor"]
-                    line += f", graph {res['graph']['median_ms']:.3f} ms = {ratio:.2f} x floor"
-                console.print(line)
+        emit(result, dev, started, out, as_json, lambda r: _print_summary(r, console))
         if "best_ms" not in result:
             raise typer.Exit(1)

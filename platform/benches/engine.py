@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 from lumotree.platform.benches.decode import SHAPES, copy_bandwidth, random_model, weight_read_bytes
 
 
@@ -100,7 +100,4 @@ def register(app: typer.Typer) -> None:
             "weight_bytes": weight_bytes, "copy_bandwidth_Bps": bandwidth, "floor_ms": floor_ms,
             "prompt_len": prompt_len, "results": results,
         }  # fmt: skip
-        text = stamped(report, str(dev), started)
-        print(text)
-        if out is not None:
-            out.write_text(text + "\n")
+        emit(report, str(dev), started, out)

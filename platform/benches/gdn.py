@@ -27,7 +27,7 @@ from typing import Any
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 
 
 def _stats(ms: list[float]) -> dict[str, float]:
@@ -599,9 +599,4 @@ def register(bench_app: typer.Typer) -> None:
         except (RuntimeError, ValueError, AssertionError) as e:
             Console(stderr=True).print(f"[red]gdn bench failed: {e}[/]")  # even under --json
             raise typer.Exit(1) from e
-        _table(res, console)
-        text = stamped(res, device, started)
-        if out:
-            out.write_text(text)
-        if as_json:
-            print(text)
+        emit(res, device, started, out, as_json, lambda r: _table(r, console))

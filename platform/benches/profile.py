@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from lumotree.platform.benches import stamped
+from lumotree.platform.benches import emit
 
 GROUPS: tuple[tuple[str, str], ...] = (
     ("tree_scan", r"tree_scan"),
@@ -241,10 +241,4 @@ def register(bench_app: typer.Typer) -> None:
                          warmup, cuda_graphs, top, draft_vocab, model)  # fmt: skip
         except ValueError as e:
             raise typer.BadParameter(str(e)) from e
-        text = stamped(report, dev, started)
-        if as_json:
-            print(text)
-        else:
-            print_table(report)
-        if out is not None:
-            out.write_text(text + "\n")
+        emit(report, dev, started, out, as_json, print_table)
