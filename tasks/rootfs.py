@@ -23,7 +23,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,19 +195,29 @@ class BaseSpec:
         return f"lumotree/base:{self.release}-{digest}"
 
 
-def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = None) -> str:
-    """Debootstrap ``spec`` into a rootfs and ``docker import`` it; returns the tag (reused when present)."""
-    tag = spec.tag()
+def _build_once(tag: str, force: bool, build: Callable[[], None], log: Any) -> str:
+    """``build()`` the image ``tag`` unless it exists (looked for again under the tag's build lock, so that
+    concurrent builders build it once); returns the tag."""
     client = docker_client()
     if not force and image_exists(tag, client):
         return tag
     with build_lock(tag):
         if not force and image_exists(tag, client):
             return tag
+        t0 = time.monotonic()
+        build()
+        _say(log, f"built {tag} in {time.monotonic() - t0:.0f} s")
+    return tag
+
+
+def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = None) -> str:
+    """Debootstrap ``spec`` into a rootfs and ``docker import`` it; returns the tag (reused when present)."""
+    tag = spec.tag()
+
+    def build() -> None:
         if shutil.which("debootstrap") is None:
             raise RuntimeError("debootstrap is not installed; run scripts/start-dockerd.sh (it installs it)")
         mirror = spec.mirror or apt_mirror()
-        t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="lumotree-rootfs-", dir=_scratch()) as tmp:
             rootfs = Path(tmp) / "rootfs"
             cmd = [
@@ -234,8 +244,8 @@ def build_base(spec: BaseSpec = BaseSpec(), *, force: bool = False, log: Any = N
             _run([*imp, "-", tag], log, stdin=tar.stdout)
             if tar.wait() != 0:
                 raise RuntimeError("tar of the rootfs failed")
-        _say(log, f"built {tag} in {time.monotonic() - t0:.0f} s")
-    return tag
+
+    return _build_once(tag, force, build, log)
 
 
 def _add_sandbox_user(rootfs: Path) -> None:
@@ -310,13 +320,9 @@ def clean_build_env() -> dict[str, str]:
 def build_layer(spec: LayerSpec, *, force: bool = False, timeout: float = 1800, log: Any = None) -> str:
     """Build ``spec`` on top of ``spec.base`` unless its tag exists; returns the tag."""
     tag = spec.tag()
-    client = docker_client()
-    if not force and image_exists(tag, client):
-        return tag
-    with build_lock(tag):
-        if not force and image_exists(tag, client):
-            return tag
-        t0 = time.monotonic()
+
+    def build() -> None:
+        client = docker_client()
         files = dict(spec.files)
         ca = host_ca_bundle()
         if ca is not None:
@@ -348,8 +354,8 @@ def build_layer(spec: LayerSpec, *, force: bool = False, timeout: float = 1800, 
             )
         finally:
             container.remove(force=True)
-        _say(log, f"built {tag} in {time.monotonic() - t0:.0f} s")
-    return tag
+
+    return _build_once(tag, force, build, log)
 
 
 def _tar(files: Mapping[str, bytes]) -> bytes:
