@@ -5,17 +5,6 @@ from pathlib import Path
 from typing import Any
 
 
-def stamped(report: dict[str, Any], device: str, started: float) -> str:
-    """The report as JSON text, stamped with its provenance (commit, command, machine, seconds since
-    ``started``, a ``time.time()``)."""
-    import json
-
-    from lumotree.platform.provenance import provenance
-
-    report["run"] = provenance(device, started)
-    return json.dumps(report, indent=2)
-
-
 def emit(
     report: dict[str, Any],
     device: str,
@@ -24,9 +13,15 @@ def emit(
     as_json: bool = True,
     show: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
-    """Stamp ``report`` (``stamped``), write its JSON to ``out`` (folder made) and print it on stdout; with
-    ``as_json`` off, ``show`` prints the report instead (a table)."""
-    text = stamped(report, device, started)
+    """Stamp ``report`` with its provenance (commit, command, machine, seconds since ``started``, a
+    ``time.time()``), write its JSON to ``out`` (folder made) and print it on stdout; with ``as_json`` off,
+    ``show`` prints the report instead (a table)."""
+    import json
+
+    from lumotree.platform.provenance import provenance
+
+    report["run"] = provenance(device, started)
+    text = json.dumps(report, indent=2)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + "\n")
